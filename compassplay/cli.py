@@ -1,0 +1,126 @@
+"""`compassplay run | config show | bench NAME | plot`: the command line.
+
+Config errors exit with code 2 and a message naming the file and field (no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import sys
+from pathlib import Path
+
+from compassplay.config import ConfigError, dump_config, load_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline")
+
+
+def _default_config() -> str:
+    for cand in (Path("configs/default.yaml"), DEFAULT_CONFIG):
+        if cand.is_file():
+            return str(cand)
+    return ""
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run self-play (default: configs/default.yaml)")
+    p.add_argument("--config", default=None, help="YAML config file")
+    p.add_argument("--executor", choices=["local", "ray"], default="ray",
+                   help="local: one process, synchronous; ray: actors (default)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its latest checkpoint")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides")
+
+
+def _add_config(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("config", help="inspect configs")
+    csub = p.add_subparsers(dest="config_cmd", required=True)
+    show = csub.add_parser("show", help="print the resolved config as YAML")
+    show.add_argument("--config", default=None)
+    show.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+
+
+def _add_bench(sub: argparse._SubParsersAction, chosen: str | None) -> None:
+    """Bench modules are imported only for the bench being run (they pull in torch)."""
+    p = sub.add_parser("bench", help="benchmarks that print one JSON object")
+    bsub = p.add_subparsers(dest="bench", required=True)
+    for name in BENCHES:
+        bp = bsub.add_parser(name, help=f"benchmark: {name}")
+        bp.add_argument("--json", action="store_true", help="print one JSON object")
+        if name == chosen:
+            importlib.import_module(f"compassplay.bench.{name}").add_arguments(bp)
+
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="plot a run's metrics.jsonl to PNG")
+    p.add_argument("run_dir")
+    p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/metrics.png)")
+
+
+def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="compassplay", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd")
+    _add_run(sub)
+    _add_config(sub)
+    _add_bench(sub, chosen_bench)
+    _add_plot(sub)
+    return parser
+
+
+def _run(args: argparse.Namespace) -> int:
+    from compassplay.launch import launch_run
+
+    config_path = args.config
+    if config_path is None and args.resume:
+        config_path = str(Path(args.resume) / "config.yaml")
+    if config_path is None:
+        config_path = _default_config()
+    cfg = load_config(config_path or None, args.overrides)
+    run_dir = launch_run(cfg, executor=args.executor, resume=args.resume)
+    print(f"run finished: {run_dir}")
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    mod = importlib.import_module(f"compassplay.bench.{args.bench}")
+    result = mod.run(args)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for k, v in result.items():
+            print(f"{k}: {v}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        argv = ["run"]
+    chosen = argv[1] if len(argv) > 1 and argv[0] == "bench" and argv[1] in BENCHES else None
+    args = build_parser(chosen).parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        if args.cmd == "run":
+            return _run(args)
+        if args.cmd == "config":
+            print(dump_config(load_config(args.config, args.overrides)), end="")
+            return 0
+        if args.cmd == "bench":
+            return _bench(args)
+        if args.cmd == "plot":
+            from compassplay.plot import plot_run
+
+            print(plot_run(args.run_dir, args.out))
+            return 0
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    build_parser().print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

