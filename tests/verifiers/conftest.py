@@ -1,0 +1,35 @@
+"""Shared fixtures for the sandbox tests: a started pool and a loopback listener."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+
+import pytest
+
+from compassplay.verifiers.python_sandbox import PythonSandbox
+from tests.verifiers.sandbox_helpers import HOST_SECRET, require_isolation
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[PythonSandbox]:
+    require_isolation()
+    os.environ[HOST_SECRET] = "hunter2"
+    try:
+        with PythonSandbox(workers=2, timeout_s=1.5, memory_mb=256,
+                           max_output_bytes=4096) as sb:
+            yield sb
+    finally:
+        os.environ.pop(HOST_SECRET, None)
+
+
+@pytest.fixture()
+def listener() -> Iterator[socket.socket]:
+    """A host TCP listener on loopback; attacks try to reach it from inside."""
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    srv.setblocking(False)
+    yield srv
+    srv.close()

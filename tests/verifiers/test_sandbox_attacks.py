@@ -1,0 +1,236 @@
+"""Hostile programs: each must end with the expected status and leave the host unchanged."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from compassplay.verifiers.python_sandbox import PythonSandbox
+from tests.verifiers.sandbox_helpers import HOST_SECRET, descendants, dir_state, processes_of
+
+ANY_FAIL = ("error", "timeout", "killed", "memory")
+
+
+@dataclass(frozen=True)
+class Attack:
+    name: str
+    code: str
+    statuses: tuple[str, ...]
+    stdout_has: str | None = None
+
+
+ATTACKS = [
+    Attack("fork_bomb", "import os\nwhile True:\n    try:\n        os.fork()\n"
+           "    except OSError:\n        pass", ("timeout", "error", "killed", "memory")),
+    Attack("shell_fork_bomb", "import os\nos.system('f(){ f|f& };f')\nprint('launched')",
+           ("ok", "timeout", "error"), None),
+    Attack("memory_bomb", "x = bytearray(10**10)", ("memory",)),
+    Attack("memory_bomb_incremental", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))",
+           ("memory",)),
+    Attack("memory_bomb_children",
+           "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n"
+           "        b = b'x' * (120 * 2**20)\n        time.sleep(30)\ntime.sleep(30)",
+           ("memory",)),
+    Attack("infinite_loop", "while True:\n    pass", ("timeout",)),
+    Attack("loop_ignoring_signals",
+           "import signal\nfor s in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM,"
+           " signal.SIGHUP, signal.SIGXCPU):\n    signal.signal(s, signal.SIG_IGN)\n"
+           "while True:\n    pass", ("timeout",)),
+    Attack("loop_blocking_signals",
+           "import signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals))\n"
+           "while True:\n    pass", ("timeout",)),
+    Attack("sleep_forever", "import time\ntime.sleep(3600)", ("timeout",)),
+    Attack("spin_in_c_regex", "import re\nre.match(r'(a+)+$', 'a' * 40 + 'b')", ("timeout",)),
+    Attack("os_system_writes_host",
+           "import os\nprint(os.system('echo pwned > @TMP_SENTINEL@/victim.txt;"
+           " echo pwned > /root/pwned_sys; touch /etc/pwned_sys') != 0)", ("ok",), "True"),
+    Attack("subprocess_escape",
+           "import subprocess\nr = subprocess.run(['sh', '-c', 'rm -f @HOME_SENTINEL@;"
+           " echo x > /work/pwned_sub'], capture_output=True)\nprint(r.returncode != 0)",
+           ("ok",), "True"),
+    Attack("ctypes_setuid_root",
+           "import ctypes\nlibc = ctypes.CDLL(None)\nprint(libc.setuid(0), libc.setgid(0))",
+           ("ok",), "-1 -1"),
+    Attack("ctypes_segfault", "import ctypes\nctypes.string_at(0)", ("killed",)),
+    Attack("ctypes_unshare_userns",
+           "import ctypes\nprint(ctypes.CDLL(None).unshare(0x10000000))", ("ok",), "-1"),
+    Attack("write_tmp", "open('/tmp/pwned_tmp', 'w').write('x')\nimport os\n"
+           "print(os.path.exists('/tmp/pwned_tmp'))", ("ok",), "True"),
+    Attack("write_home_and_host_paths",
+           "import os\nopen(os.path.expanduser('~/pwned_home'), 'w').write('x')\n"
+           "for p in ('/root/pwned_root', '/etc/pwned_etc', '@TMP_SENTINEL@/victim.txt'):\n"
+           "    try:\n        open(p, 'w').write('x')\n        print('WROTE', p)\n"
+           "    except OSError as e:\n        print('denied', e.errno)", ("ok",), "denied"),
+    Attack("delete_host_files",
+           "import os, shutil\nfor p in ('@HOME_SENTINEL@', '@TMP_SENTINEL@/keep.txt'):\n"
+           "    try:\n        os.remove(p)\n    except OSError:\n        pass\n"
+           "shutil.rmtree('/work', ignore_errors=True)\nprint(os.path.isdir('/work'))",
+           ("ok",), "True"),
+    Attack("read_environment",
+           "import os\nprint(sorted(os.environ), open('/proc/1/environ', 'rb').read())",
+           ("error",)),
+    Attack("socket_loopback",
+           "import socket\ns = socket.create_connection(('127.0.0.1', @PORT@), timeout=1)\n"
+           "print('CONNECTED')", ("error",)),
+    Attack("socket_remote",
+           "import socket\ns = socket.create_connection(('192.0.2.1', 80), timeout=1)\n"
+           "print('CONNECTED')", ("error",)),
+    Attack("udp_loopback",
+           "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+           "s.sendto(b'x', ('127.0.0.1', @PORT@))", ("error",)),
+    Attack("socket_via_shell",
+           "import subprocess\nr = subprocess.run(['bash', '-c', 'echo hi > /dev/tcp/127.0.0.1/@PORT@"
+           " && echo CONNECTED'], capture_output=True, text=True)\nprint(r.stdout or 'failed')",
+           ("ok",), "failed"),
+    Attack("kill_parent",
+           "import os, signal\nfor pid in (os.getppid(), 1):\n    try:\n"
+           "        os.kill(pid, signal.SIGKILL)\n    except PermissionError:\n"
+           "        print('denied')", ("ok",), "denied\ndenied"),
+    Attack("kill_everything", "import os\nos.kill(-1, 9)\nprint('survived')", ("ok",), "survived"),
+    Attack("huge_output", "print('x' * 10**8)", ("output_limit",)),
+    Attack("endless_output", "import sys\nwhile True:\n    sys.stdout.write('y' * 1000)",
+           ("output_limit",)),
+    Attack("huge_stderr", "import sys\nsys.stderr.write('e' * 10**7)", ("output_limit",)),
+    Attack("deep_recursion",
+           "import sys\nsys.setrecursionlimit(10**7)\ndef f(n):\n    return f(n + 1)\nf(0)",
+           ANY_FAIL),
+    Attack("sys_exit_zero", "print('bye')\nimport sys\nsys.exit(0)", ("ok",), "bye"),
+    Attack("sys_exit_nonzero", "import sys\nsys.exit(3)", ("error",)),
+    Attack("os_exit", "import os\nprint('x', flush=True)\nos._exit(0)", ("ok",), "x"),
+    Attack("os_exit_nonzero", "import os\nos._exit(7)", ("error",)),
+    Attack("thread_outlives",
+           "import threading, time\ndef spin():\n    while True:\n"
+           "        open('/tmp/from_thread', 'w').write('x')\n        time.sleep(0.01)\n"
+           "threading.Thread(target=spin, daemon=True).start()\nprint('main done')",
+           ("ok",), "main done"),
+    Attack("daemon_child_outlives",
+           "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
+           "        time.sleep(0.3)\n        open('/tmp/from_daemon', 'w').write('x')\n"
+           "        time.sleep(60)\n    os._exit(0)\nprint('parent done')", ("ok",), "parent done"),
+    Attack("raise_rlimits",
+           "import resource\nresource.setrlimit(resource.RLIMIT_NPROC, (10**6, 10**6))",
+           ("error",)),
+    Attack("proc_snooping",
+           "import os\npids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
+           "print(len(pids), str(@HOST_PID@) in pids)\nopen('/proc/2/environ').read()",
+           ("error",), "3 False"),
+    Attack("file_size_bomb", "open('big', 'wb').write(b'x' * (64 * 2**20))", ("error",)),
+    Attack("fd_exhaustion", "fs = [open('/dev/null') for _ in range(100000)]", ("error",)),
+    Attack("sysv_shm_persist",
+           "import ctypes\nprint(ctypes.CDLL(None).shmget(0x1234, 4096, 0o1000 | 0o666))",
+           ("ok",), "-1"),
+    Attack("locked_scratch_dir",
+           "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\n"
+           "os.chmod('a', 0)\nos.chmod('.', 0)", ("ok",)),
+]
+
+
+@pytest.fixture(scope="module")
+def host_sentinels(tmp_path_factory: pytest.TempPathFactory):
+    tmp_dir = tmp_path_factory.mktemp("sandbox-sentinel")
+    (tmp_dir / "keep.txt").write_text("host data")
+    home = Path(os.path.expanduser("~")) / f".compassplay_sandbox_sentinel_{os.getpid()}"
+    home.write_text("home data")
+    yield tmp_dir, home
+    home.unlink(missing_ok=True)
+
+
+PROBE = (
+    "import os, builtins\n"
+    "print(sorted(os.listdir('/tmp')), os.listdir('.'), os.listdir('/dev/shm'),"
+    " len([p for p in os.listdir('/proc') if p.isdigit()]), print is builtins.print)"
+)
+PROBE_OUT = "['work'] [] [] 3 True\n"
+PWNED = ["/tmp/pwned_tmp", "/tmp/from_thread", "/tmp/from_daemon", "/root/pwned_sys",
+         "/root/pwned_root", "/etc/pwned_sys", "/etc/pwned_etc", "/work/pwned_sub"]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentinels,
+                             listener: socket.socket) -> None:
+    tmp_dir, home = host_sentinels
+    before = dir_state(tmp_dir)
+    code = (attack.code.replace("@TMP_SENTINEL@", str(tmp_dir))
+            .replace("@HOME_SENTINEL@", str(home))
+            .replace("@PORT@", str(listener.getsockname()[1]))
+            .replace("@HOST_PID@", str(os.getpid())))
+    result = sandbox.run(code)
+    assert result.status in attack.statuses, result
+    if attack.stdout_has is not None:
+        assert attack.stdout_has in result.stdout, result
+    assert "WROTE" not in result.stdout and "CONNECTED" not in result.stdout
+    assert "hunter2" not in result.stdout + result.stderr
+    assert len(result.stdout) + len(result.stderr) <= sandbox.max_output_bytes
+    # host unchanged
+    assert dir_state(tmp_dir) == before
+    assert home.read_text() == "home data"
+    assert [p for p in PWNED if os.path.exists(p)] == []
+    assert processes_of(sandbox.uids) == []
+    with pytest.raises(BlockingIOError):
+        listener.accept()
+    # pool intact and no state carried into the next run on either worker
+    assert sandbox.live_workers() == sandbox.workers
+    for _ in range(sandbox.workers):
+        probe = sandbox.run(PROBE)
+        assert (probe.status, probe.stdout) == ("ok", PROBE_OUT), probe
+    assert len(ATTACKS) >= 25
+
+
+def test_no_host_env_and_no_capabilities(sandbox: PythonSandbox) -> None:
+    r = sandbox.run(
+        "import os\nst = open('/proc/self/status').read()\n"
+        "caps = [l.split()[1] for l in st.splitlines() if l.startswith(('CapEff', 'CapPrm'))]\n"
+        "nnp = [l.split()[1] for l in st.splitlines() if l.startswith(('NoNewPrivs', 'Seccomp:'))]\n"
+        "print(sorted(os.environ), caps, nnp, os.getuid() != 0)"
+    )
+    assert r.status == "ok", r
+    assert HOST_SECRET not in r.stdout
+    assert "['HOME', 'LANG', 'PATH', 'PYTHONHASHSEED', 'TMPDIR']" in r.stdout
+    assert "['0000000000000000', '0000000000000000'] ['1', '2'] True" in r.stdout
+
+
+def test_workers_use_distinct_unprivileged_uids(sandbox: PythonSandbox) -> None:
+    assert len(set(sandbox.uids)) == sandbox.workers and min(sandbox.uids) > 65535
+    uids = {sandbox.run("import os\nimport time\ntime.sleep(0.2)\nprint(os.getuid())").stdout
+            for _ in range(2)}
+    outs = sandbox.run_many(["import os, time\ntime.sleep(0.3)\nprint(os.getuid())"] * 2)
+    assert {int(o.stdout) for o in outs} == set(sandbox.uids)
+    assert uids
+
+
+def test_state_does_not_leak_between_runs(sandbox: PythonSandbox) -> None:
+    poison = ("import json, builtins, sys\nLEAK = 1\njson.dumps = None\n"
+              "builtins.LEAKED = 42\nsys.modules['leaky'] = sys\nopen('f.txt', 'w').write('x')")
+    check = ("import json, builtins, sys, os\n"
+             "print('LEAK' in globals(), json.dumps([1]), hasattr(builtins, 'LEAKED'),"
+             " 'leaky' in sys.modules, os.listdir('.'))")
+    for _ in range(sandbox.workers):
+        assert sandbox.run(poison).status == "ok"
+    for r in sandbox.run_many([check] * 4):
+        assert r.stdout == "False [1] False False []\n", r
+
+
+def test_host_deadline_kills_a_frozen_worker(sandbox: PythonSandbox) -> None:
+    """If a zygote stops answering, the host kills and replaces its whole sandbox."""
+    pids = sandbox.worker_pids()
+    for pid in pids:
+        for d in descendants(pid):
+            os.kill(d, signal.SIGSTOP)
+    grace = sandbox.host_grace_s
+    sandbox.host_grace_s = 0.5
+    try:
+        results = sandbox.run_many(["print(1)"] * 2, timeout_s=0.5)
+    finally:
+        sandbox.host_grace_s = grace
+    assert [r.status for r in results] == ["timeout", "timeout"]
+    assert sandbox.live_workers() == sandbox.workers
+    assert set(sandbox.worker_pids()).isdisjoint(pids)
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+    assert sandbox.run("print(2)").stdout == "2\n"
+    assert processes_of(sandbox.uids) == []
