@@ -48,8 +48,7 @@ def _add_bench(sub: argparse._SubParsersAction, chosen: str | None) -> None:
     p = sub.add_parser("bench", help="benchmarks that print one JSON object")
     bsub = p.add_subparsers(dest="bench", required=True)
     for name in BENCHES:
-        bp = bsub.add_parser(name, help=f"benchmark: {name}")
-        bp.add_argument("--json", action="store_true", help="print one JSON object")
+        bp = bsub.add_parser(name, help=f"benchmark: {name} (--json: print one JSON object)")
         if name == chosen:
             importlib.import_module(f"compassplay.bench.{name}").add_arguments(bp)
 
@@ -87,7 +86,7 @@ def _run(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     mod = importlib.import_module(f"compassplay.bench.{args.bench}")
     result = mod.run(args)
-    if args.json:
+    if getattr(args, "json", False):
         print(json.dumps(result))
     else:
         for k, v in result.items():

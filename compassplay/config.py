@@ -25,6 +25,7 @@ class RunSection(Section):
     name: str = Field("run", description="run directory name under output_dir")
     output_dir: str = Field("runs", description="parent folder of run directories")
     seed: int = Field(0, ge=0, description="global seed (torch, python, numpy)")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads per role; 0 = default")
 
 
 class TinyModelConfig(Section):
@@ -49,6 +50,9 @@ class ModelSection(Section):
 
 
 class SamplingSection(Section):
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers (CPU/GPU); vllm: GPU only, pip install compassplay[gpu]")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vllm only")
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, gt=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -151,7 +155,9 @@ class ClusterSection(Section):
     verifier: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.5))
     scorer: ActorResources = Field(default_factory=ActorResources)
     learner: ActorResources = Field(default_factory=ActorResources)
-    placement: Literal["none", "pack_scorers_with_learner"] = "none"
+    num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")
+    placement: Literal["none", "pack_scorers_with_learner"] = Field(
+        "none", description="pack_scorers_with_learner: one STRICT_PACK placement group")
 
 
 class RunConfig(Section):

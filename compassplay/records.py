@@ -42,6 +42,7 @@ class Task(Record):
     deduction: program + inputs[0] -> outputs[0]; abduction: program + outputs[0] -> an input;
     induction: (inputs, outputs) pairs + message -> a program, checked on hidden pairs;
     lean_prove: `statement` is a Lean 4 theorem statement to prove.
+    `seed_program` is the first reference program the proposer was shown (for novelty).
     """
 
     task_id: str
@@ -53,6 +54,7 @@ class Task(Record):
     statement: str = ""
     source: Literal["proposed", "seed"] = "proposed"
     seed_ids: list[str] = Field(default_factory=list)
+    seed_program: str = ""
     proposal: Generation | None = None
     valid: bool = False
     invalid_reason: str = ""
@@ -123,6 +125,7 @@ class StepStats(Record):
     loss: float
     grad_norm: float
     solver_accuracy: float
+    solve_rates: list[float] = Field(default_factory=list)
     parse_failures: dict[str, int] = Field(default_factory=dict)
     invalid_reasons: dict[str, int] = Field(default_factory=dict)
     by_task_type: dict[str, dict[str, float]] = Field(default_factory=dict)

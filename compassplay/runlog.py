@@ -42,9 +42,11 @@ class RunLog:
     def num_lines(self) -> int:
         return len(read_metrics(self.metrics_path)) if self.metrics_path.exists() else 0
 
-    def truncate_to(self, n: int) -> None:
-        """Keep the first `n` metric lines (resume drops steps after the checkpoint)."""
-        lines = self.metrics_path.read_text().splitlines(keepends=True)[:n]
+    def rewind(self, keep: int, recent: list[StepStats]) -> None:
+        """Keep the first `keep` metric lines, then append `recent` (restore from a checkpoint:
+        steps after it are dropped, steps it remembers are rewritten)."""
+        lines = self.metrics_path.read_text().splitlines(keepends=True)[:keep]
+        lines += [s.model_dump_json() + "\n" for s in recent]
         self.metrics_path.write_text("".join(lines))
 
     def close(self) -> None:

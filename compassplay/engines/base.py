@@ -1,0 +1,87 @@
+"""The generation-engine interface shared by the HF and vLLM backends.
+
+Log-prob convention (the PPO ratio depends on it): `Generation.logprobs[i]` is the natural-log
+probability of `completion_ids[i]` under the *unscaled* model distribution, i.e. temperature 1
+and no top-p filtering (``log_softmax(logits)``), as `compassplay.records.Generation` states and
+as vLLM reports by default (``logprobs_mode="raw_logprobs"``). The learner recomputes new
+log-probs the same way, so with staleness 0 the ratio ``exp(new - old)`` is exactly 1 up to
+float rounding, whatever the sampling temperature/top-p. Temperature and top-p only shape which
+token is drawn.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from compassplay.records import Generation
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one batch.
+
+    max_new_tokens: cap on completion length (tokens); temperature: softmax temperature, 0 means
+    greedy (argmax); top_p: nucleus mass in (0, 1]; stop: strings that end a completion (the
+    completion keeps the tokens up to and including the one that completes the string);
+    seed: equal seeds give equal completions for equal inputs, None = nondeterministic.
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @classmethod
+    def from_section(cls, section: Any, seed: int | None = None) -> SamplingParams:
+        """Build from a config `SamplingSection` (or any object with the same fields)."""
+        return cls(max_new_tokens=section.max_new_tokens, temperature=section.temperature,
+                   top_p=section.top_p, stop=list(section.stop), seed=seed)
+
+
+class GenerationEngine(ABC):
+    """Batched prompts (token ids, chat template already applied) -> `Generation` records.
+
+    Implementations serialize `generate` and `load_weights`: a generate call reads the weight
+    version once at its start and every completion it returns carries that version; weights
+    are never swapped in the middle of a call.
+    """
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """One completion per prompt, in prompt order."""
+
+    @abstractmethod
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Replace the weights (HF parameter names) and set `weight_version` to `version`.
+
+        Raises `StaleWeightsError` when `version` is lower than the current one.
+        """
+
+    @property
+    @abstractmethod
+    def weight_version(self) -> int:
+        """Version of the weights the next `generate` call will use (0 = initial weights)."""
+
+
+class StaleWeightsError(ValueError):
+    """Weights older than the ones already loaded were offered to an engine."""
+
+
+def check_version(current: int, offered: int) -> None:
+    """Raise `StaleWeightsError` if `offered` < `current` (equal re-loads are allowed)."""
+    if offered < current:
+        raise StaleWeightsError(
+            f"refusing weight version {offered}: engine already holds version {current}")

@@ -1,0 +1,55 @@
+"""Factories the pipeline calls: `make_learner` and `make_generation_engine`."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from compassplay.engines.base import GenerationEngine
+from compassplay.engines.learner import PolicyLearner, Slot
+
+
+def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None = None, *,
+                 proposer_model: torch.nn.Module | None = None,
+                 total_steps: int | None = None) -> PolicyLearner:
+    """A learner for `cfg` (a `LearnerSection`).
+
+    cfg.shared_model: `model` plays both roles (slot "policy"); otherwise `model` is the solver
+    and `proposer_model` (default: a deep copy of `model`) the proposer. `ref_model` is the
+    frozen reference for the KL term (required when cfg.kl_coef > 0). `total_steps` (number of
+    learner steps in the run) is needed by the cosine/linear schedules.
+    """
+    models: dict[str, torch.nn.Module] = {"policy": model} if cfg.shared_model else {
+        "solver": model,
+        "proposer": proposer_model if proposer_model is not None else copy.deepcopy(model)}
+    if cfg.backend == "torch":
+        from compassplay.engines.torch_learner import TorchSlot
+
+        slots: dict[str, Slot] = {k: TorchSlot(m, cfg, total_steps) for k, m in models.items()}
+    elif cfg.backend == "deepspeed":
+        from compassplay.engines.deepspeed_learner import DeepSpeedSlot
+
+        slots = {k: DeepSpeedSlot(m, cfg, total_steps) for k, m in models.items()}
+    else:
+        raise ValueError(f"learner.backend: unknown backend {cfg.backend!r} "
+                         "(expected 'torch' or 'deepspeed')")
+    return PolicyLearner(slots, cfg, ref_model=ref_model, backend=cfg.backend)
+
+
+def make_generation_engine(kind: str, model: Any, tokenizer: Any = None,
+                           **kwargs: Any) -> GenerationEngine:
+    """kind "hf": `model` is a transformers module; kind "vllm": `model` is an HF directory or
+    hub id that vLLM loads itself (GPU only; extra kwargs go to `VLLMGenerationEngine`)."""
+    if kind == "hf":
+        from compassplay.engines.hf_generation import HFGenerationEngine
+
+        if tokenizer is None:
+            raise ValueError("engine 'hf' needs a tokenizer")
+        return HFGenerationEngine(model, tokenizer, **kwargs)
+    if kind == "vllm":
+        from compassplay.engines.vllm_generation import VLLMGenerationEngine
+
+        return VLLMGenerationEngine(model, tokenizer=tokenizer, **kwargs)
+    raise ValueError(f"engine: unknown generation engine {kind!r} (expected 'hf' or 'vllm')")

@@ -1,0 +1,156 @@
+"""HF transformers generation engine (CPU and GPU): left-padded batches, KV-cache sampling loop.
+
+Per-token log-probs follow the convention in `compassplay.engines.base` (unscaled logits,
+temperature 1, no top-p). Sampling draws from a `torch.Generator` seeded by
+`SamplingParams.seed`, so equal seeds on the same device give equal completions.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any
+
+import torch
+
+from compassplay.engines.base import GenerationEngine, SamplingParams, check_version
+from compassplay.records import Generation
+
+
+def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
+                generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row. logits: [B, V] float32 -> token ids [B] (int64)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        cum = sorted_p.cumsum(dim=-1)
+        drop = (cum - sorted_p) >= top_p  # keep the smallest prefix whose mass reaches top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def _cache_of(out: Any) -> Any:
+    """The KV cache of a forward output (`cache` in transformers >= 5.x, else past_key_values)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+class HFGenerationEngine(GenerationEngine):
+    """Generation with a `transformers` causal LM on its device (run in eval mode).
+
+    `pad_token_id`/`eos_token_id` default to the tokenizer's. EOS ends a completion (the EOS
+    token is kept in `completion_ids`, finish_reason "stop"); so does a stop string;
+    reaching `max_new_tokens` gives finish_reason "length". `text` decodes `completion_ids`
+    without special tokens and so includes a matched stop string.
+    """
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, pad_token_id: int | None = None,
+                 eos_token_id: int | list[int] | None = None, weight_version: int = 0) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        pad = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
+        eos = eos_token_id if eos_token_id is not None else tokenizer.eos_token_id
+        if pad is None:
+            pad = eos if isinstance(eos, int) else 0
+        self.pad_token_id = int(pad)
+        self.eos_token_ids = set() if eos is None else {int(e) for e in
+                                                        (eos if isinstance(eos, list) else [eos])}
+        self._version = weight_version
+        self._lock = threading.RLock()
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5.x
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Copy `state` (HF names, any device) into the model; waits for a running generate."""
+        with self._lock:
+            check_version(self._version, version)
+            missing, unexpected = self.model.load_state_dict(state, strict=False)
+            tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
+            missing = [k for k in missing if k not in tied and not k.endswith("lm_head.weight")]
+            if missing or unexpected:
+                raise KeyError(f"weight names do not match the model: missing={missing[:5]} "
+                               f"unexpected={unexpected[:5]}")
+            self._version = version
+
+    def _stopped(self, ids: list[int], stop: list[str]) -> bool:
+        """Whether the newest token completes a stop string. Checked after every token, so
+        only a tail window is decoded (4 tokens per stop character covers partial bytes)."""
+        if not stop:
+            return False
+        window = 4 * max(len(s) for s in stop) + 4
+        text = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
+        return any(s and s in text for s in stop)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if not prompts:
+            return []
+        if any(len(p) == 0 for p in prompts):
+            raise ValueError("every prompt needs at least one token")
+        with self._lock:
+            version = self._version
+            was_training = self.model.training  # the learner may share this module
+            self.model.eval()
+            try:
+                outs, reasons = self._sample(prompts, params)
+            finally:
+                self.model.train(was_training)
+        gens = []
+        for prompt, (ids, lps), reason in zip(prompts, outs, reasons, strict=True):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            gens.append(Generation(prompt_ids=list(prompt), completion_ids=ids, logprobs=lps,
+                                   text=text, weight_version=version, finish_reason=reason))
+        return gens
+
+    def _sample(self, prompts: list[list[int]], params: SamplingParams
+                ) -> tuple[list[tuple[list[int], list[float]]], list[str]]:
+        """The KV-cache loop. Returns per prompt (completion ids, log-probs) and finish reasons."""
+        dev = self.device
+        bsz, width = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((bsz, width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # left padding
+            ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            mask[i, width - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(params.seed if params.seed is not None else torch.seed())
+        comp: list[list[int]] = [[] for _ in range(bsz)]
+        lps: list[list[float]] = [[] for _ in range(bsz)]
+        reasons = ["length"] * bsz
+        done = [False] * bsz
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+        for _ in range(params.max_new_tokens):
+            logits = out.logits[:, -1, :].float()
+            tok = sample_next(logits, params.temperature, params.top_p, gen)
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+            tok_l, logp_l = tok.tolist(), logp.tolist()
+            for i in range(bsz):
+                if done[i]:
+                    continue
+                comp[i].append(tok_l[i])
+                lps[i].append(logp_l[i])
+                if tok_l[i] in self.eos_token_ids or self._stopped(comp[i], params.stop):
+                    done[i], reasons[i] = True, "stop"
+            if all(done):
+                break
+            nxt = torch.tensor([self.pad_token_id if d else t for d, t in zip(done, tok_l,
+                                                                              strict=True)],
+                               dtype=torch.long, device=dev)
+            mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=dev)], dim=1)
+            pos = pos[:, -1:] + 1
+            out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
+                             use_cache=True, **{self._cache_arg: _cache_of(out)})
+        return list(zip(comp, lps, strict=True)), reasons

@@ -1,0 +1,206 @@
+"""The learner interface and the backend-independent policy-gradient step.
+
+One `step(trajectories)` = task-relative REINFORCE++ advantages (`advantages.py`), teacher-
+forced log-probs at temperature 1 (`logprobs.py`), the clipped PPO token-mean loss
+(`policy_loss.py`) accumulated over micro-batches of `micro_batch` trajectories, then one
+optimizer step per model (gradient clipping + LR schedule) and `weight_version += 1`.
+
+Models: with a shared model ("policy") both roles update it; with separate models the
+proposer trajectories update "proposer" and the solver trajectories update "solver", each with
+its own optimizer and schedule. Backends (`torch_learner`, `deepspeed_learner`) provide the
+per-model `Slot`: backward, clipped optimizer step, full weights, save/load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from compassplay.engines.advantages import broadcast_to_tokens, trajectory_advantages
+from compassplay.engines.logprobs import pack, token_logprobs
+from compassplay.engines.policy_loss import ppo_loss
+from compassplay.records import Role, Trajectory
+
+
+@dataclass
+class LearnerStats:
+    """One learner step. loss: token-mean over all trained tokens; grad_norm: pre-clip L2 norm
+    over all updated models; clip_frac/kl: per-token means (kl is k3, 0 without a reference)."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    clip_frac: float
+    kl: float
+    n_tokens: int
+    weight_version: int
+    by_model: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int | None) -> Callable[[int], float]:
+    """LR multiplier after `n` optimizer steps: linear warmup to 1 over `warmup_steps`, then
+    constant, or cosine/linear decay to 0 at `total_steps` (required for those two)."""
+    if schedule != "constant" and not total_steps:
+        raise ValueError(f"learner.schedule={schedule!r} needs total_steps (pipeline.steps)")
+
+    def fn(n: int) -> float:
+        if warmup_steps and n < warmup_steps:
+            return (n + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (n - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" \
+            else 1.0 - progress
+    return fn
+
+
+class Slot(ABC):
+    """One trainable model with its optimizer and LR schedule (backend-specific)."""
+
+    module: torch.nn.Module  # forward pass
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Accumulate gradients; `last` marks the final micro-batch before `step`."""
+
+    @abstractmethod
+    def step(self) -> float:
+        """Clip, optimizer step, schedule step, zero grads; returns the pre-clip grad norm."""
+
+    @abstractmethod
+    def lr(self) -> float: ...
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """All weights with HF names, detached CPU copies."""
+
+    @abstractmethod
+    def save(self, path: Path) -> None: ...
+
+    @abstractmethod
+    def load(self, path: Path) -> None: ...
+
+
+class Learner(ABC):
+    """What the pipeline calls."""
+
+    @abstractmethod
+    def step(self, trajectories: list[Trajectory]) -> LearnerStats: ...
+
+    @abstractmethod
+    def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
+        """Full weights (HF names, CPU) of the model that plays `role`."""
+
+    @property
+    @abstractmethod
+    def weight_version(self) -> int: ...
+
+    @abstractmethod
+    def save(self, path: str | Path) -> None: ...
+
+    @abstractmethod
+    def load(self, path: str | Path) -> None: ...
+
+
+class PolicyLearner(Learner):
+    """Backend-independent step over `slots` ("policy", or "proposer" and "solver")."""
+
+    def __init__(self, slots: dict[str, Slot], cfg, ref_model: torch.nn.Module | None = None,
+                 backend: str = "torch") -> None:
+        if cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError("learner.kl_coef > 0 needs a frozen reference model (ref_model)")
+        self.slots, self.cfg, self.backend = slots, cfg, backend
+        self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        self._version = 0
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def slot_for(self, role: Role) -> str:
+        return "policy" if "policy" in self.slots else role
+
+    def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
+        return self.slots[self.slot_for(role)].full_state_dict()
+
+    def step(self, trajectories: list[Trajectory]) -> LearnerStats:
+        if not trajectories:
+            raise ValueError("learner.step needs at least one trajectory")
+        adv = trajectory_advantages(trajectories)
+        by_slot: dict[str, list[int]] = {}
+        for i, t in enumerate(trajectories):
+            by_slot.setdefault(self.slot_for(t.role), []).append(i)
+        stats: dict[str, dict[str, float]] = {}
+        for name in sorted(by_slot):
+            stats[name] = self._train_slot(self.slots[name], by_slot[name], trajectories, adv)
+        self._version += 1
+        n_tok = sum(s["n_tokens"] for s in stats.values())
+        per_tok = max(n_tok, 1.0)
+        return LearnerStats(
+            loss=sum(s["loss"] * s["n_tokens"] for s in stats.values()) / per_tok,
+            grad_norm=math.sqrt(sum(s["grad_norm"] ** 2 for s in stats.values())),
+            lr=stats[sorted(stats)[0]]["lr"],
+            clip_frac=sum(s["clipped"] for s in stats.values()) / per_tok,
+            kl=sum(s["kl_sum"] for s in stats.values()) / per_tok,
+            n_tokens=int(n_tok), weight_version=self._version, by_model=stats)
+
+    def _train_slot(self, slot: Slot, idx: list[int], trajs: list[Trajectory],
+                    adv: list[float]) -> dict[str, float]:
+        total = float(sum(len(trajs[i].generation.completion_ids) for i in idx))
+        dev = next(slot.module.parameters()).device
+        slot.module.train()
+        loss_sum = clipped = kl_sum = 0.0
+        chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
+        for c, chunk in enumerate(chunks):
+            b = pack([trajs[i].generation for i in chunk], device=dev)
+            a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
+            logp = token_logprobs(slot.module, b["input_ids"], b["attention_mask"], b["targets"])
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(self.ref_model, b["input_ids"].to(self._ref_dev()),
+                                         b["attention_mask"].to(self._ref_dev()),
+                                         b["targets"].to(self._ref_dev())).to(dev)
+            terms = ppo_loss(logp, b["old_logp"], a, b["mask"], self.cfg.clip_eps, ref,
+                             self.cfg.kl_coef, normalizer=max(total, 1.0))
+            slot.backward(terms.loss, last=c == len(chunks) - 1)
+            loss_sum += float(terms.loss.detach().item())
+            clipped += terms.clipped_tokens
+            kl_sum += terms.kl_sum
+        lr = slot.lr()  # the LR this update uses
+        grad_norm = slot.step()
+        return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "clipped": clipped,
+                "kl_sum": kl_sum, "n_tokens": total}
+
+    def _ref_dev(self) -> torch.device:
+        return next(self.ref_model.parameters()).device
+
+    def save(self, path: str | Path) -> None:
+        """Weights (model.safetensors + config.json; the proposer's under proposer/ when
+        separate), optimizer and scheduler per model, and learner.json (version, backend)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        for name, slot in self.slots.items():
+            slot.save(path / "proposer" if name == "proposer" else path)
+        meta = {"weight_version": self._version, "backend": self.backend,
+                "models": sorted(self.slots)}
+        (path / "learner.json").write_text(json.dumps(meta, indent=1))
+
+    def load(self, path: str | Path) -> None:
+        path = Path(path)
+        meta = json.loads((path / "learner.json").read_text())
+        if meta["models"] != sorted(self.slots):
+            raise ValueError(f"checkpoint has models {meta['models']}, learner has "
+                             f"{sorted(self.slots)} (learner.shared_model differs?)")
+        for name, slot in self.slots.items():
+            slot.load(path / "proposer" if name == "proposer" else path)
+        self._version = int(meta["weight_version"])

@@ -1,0 +1,45 @@
+"""Teacher-forced per-token log-probs of completions (the learner's side of the PPO ratio)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from compassplay.records import Generation
+
+
+def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device | None = None
+         ) -> dict[str, torch.Tensor]:
+    """Right-padded prompt+completion batch.
+
+    Returns input_ids/attention_mask [B, L] and, shifted by one ([B, L-1]): targets (next
+    token), mask (1 where the target is a completion token) and old_logp (the recorded
+    behaviour log-probs at those positions, 0 elsewhere).
+    """
+    width = max(len(g.prompt_ids) + len(g.completion_ids) for g in gens)
+    bsz = len(gens)
+    ids = torch.full((bsz, width), pad_token_id, dtype=torch.long)
+    attn = torch.zeros((bsz, width), dtype=torch.long)
+    mask = torch.zeros((bsz, width - 1), dtype=torch.float32)
+    old = torch.zeros((bsz, width - 1), dtype=torch.float32)
+    for i, g in enumerate(gens):
+        if len(g.logprobs) != len(g.completion_ids):
+            raise ValueError(f"generation {i}: {len(g.completion_ids)} tokens but "
+                             f"{len(g.logprobs)} log-probs")
+        p, c = len(g.prompt_ids), len(g.completion_ids)
+        ids[i, :p + c] = torch.tensor(g.prompt_ids + g.completion_ids, dtype=torch.long)
+        attn[i, :p + c] = 1
+        mask[i, p - 1:p + c - 1] = 1.0
+        old[i, p - 1:p + c - 1] = torch.tensor(g.logprobs, dtype=torch.float32)
+    out = {"input_ids": ids, "attention_mask": attn, "targets": ids[:, 1:].clone(),
+           "mask": mask, "old_logp": old}
+    return {k: v.to(device) for k, v in out.items()} if device is not None else out
+
+
+def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
+                   attention_mask: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(targets[:, t] | input_ids[:, :t+1]) at temperature 1, float32 [B, L-1] (nats)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    logits = logits[:, :-1, :].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)

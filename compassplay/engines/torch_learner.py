@@ -1,0 +1,68 @@
+"""Plain-torch learner backend: AdamW (weight decay 0) + LambdaLR + clip_grad_norm_."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from compassplay.engines.learner import Slot, lr_lambda
+
+
+def make_adamw(params, lr: float) -> torch.optim.AdamW:
+    """The optimizer both backends use, so that they give the same update."""
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+
+
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """model.safetensors + config.json, loadable by `from_pretrained(path)` and vLLM."""
+    model.save_pretrained(str(path))
+
+
+def load_weights_file(model: torch.nn.Module, path: Path) -> None:
+    """Load `path/model.safetensors` into `model` (tied output embeddings may be absent)."""
+    state = load_file(str(path / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [k for k in missing if not k.endswith("lm_head.weight")]
+    if missing or unexpected:
+        raise KeyError(f"{path}: weights do not match the model: missing={missing[:5]} "
+                       f"unexpected={unexpected[:5]}")
+
+
+class TorchSlot(Slot):
+    """One model trained with plain torch; gradients accumulate across micro-batches."""
+
+    def __init__(self, model: torch.nn.Module, cfg, total_steps: int | None = None) -> None:
+        self.module = model
+        self.max_grad_norm = cfg.max_grad_norm
+        self.optimizer = make_adamw([p for p in model.parameters() if p.requires_grad], cfg.lr)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps))
+
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    def save(self, path: Path) -> None:
+        save_weights(self.module, path)
+        torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
+        torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
+
+    def load(self, path: Path) -> None:
+        load_weights_file(self.module, path)
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+        self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))

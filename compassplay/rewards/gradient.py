@@ -1,0 +1,200 @@
+"""Gradient-alignment scorer: r_cos = cos(g(x), g_ref) for many candidates in batched passes.
+
+    scorer = GradientScorer(model, params="all")   # or name globs, or a projection spec
+    scorer.set_reference(ref)                      # list[Example]; g_ref at the current weights
+    scores = scorer.score(cands)                   # list[AlignmentScore], input order
+
+g(x) is the gradient of a candidate's loss (mean token cross-entropy of `target_ids` given
+`prompt_ids`, nats) and g_ref the gradient of the mean of the reference examples' losses, both
+w.r.t. the selected parameters at the current weights, in eval mode (no dropout). Per-layer math
+is float32 and sums are float64. The model's weights, `.grad` fields, requires_grad flags and
+train/eval modes are left exactly as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .batch import Example, batch_losses, make_batch, plan_batches, scoring_mode
+from .functions import safe_cosine
+from .oracle import naive_partials
+from .per_sample import PerSampleEngine
+from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
+
+__all__ = ["AlignmentScore", "Example", "GradientScorer", "ProjectionSpec", "StaleReferenceError"]
+
+
+class StaleReferenceError(RuntimeError):
+    """The reference gradient was computed at other weights than the scorer's current ones."""
+
+
+@dataclass(frozen=True)
+class AlignmentScore:
+    """cosine: cos(g(x), g_ref) in [-1, 1] (0.0 if either is zero); inner: <g(x), g_ref>
+    (nats^2 per unit parameter^2); grad_norm: ||g(x)||. In the projected space if projecting."""
+
+    cosine: float
+    inner: float
+    grad_norm: float
+
+
+@dataclass
+class Reference:
+    """g_ref per parameter (float32, detached), its squared norm, and its weight version."""
+
+    grads: dict[str, torch.Tensor]
+    sq: float
+    proj: torch.Tensor | None
+    weight_version: int
+    n_examples: int
+
+
+@dataclass
+class Partials:
+    """Additive per-candidate partials (float64): inner (N,), sq (N,), proj (N, dim) or None."""
+
+    inner: torch.Tensor
+    sq: torch.Tensor
+    proj: torch.Tensor | None
+
+
+class GradientScorer:
+    """Scores candidates by the alignment of their loss gradient with a reference gradient.
+
+    params: "all" (every trainable parameter), a list of fnmatch globs over
+    `model.named_parameters()` names, or a projection spec (`ProjectionSpec` or
+    `{"kind": "projection", "dim": k, "seed": s, "include": [globs]}`).
+    max_batch_tokens: padded tokens per batched pass (memory knob). path: "auto", "ghost" or
+    "materialize" for linear layers. chunk_bytes: bound on per-layer per-sample temporaries.
+    """
+
+    def __init__(self, model: nn.Module, params: ParamsSpec = "all", *,
+                 max_batch_tokens: int = 16384, path: str = "auto",
+                 chunk_bytes: int = 256 << 20, weight_version: int = 0, pad_id: int = 0) -> None:
+        self.model = model
+        globs, self.projection = parse_spec(params)
+        self.params = select_params(model, globs)
+        self.sketch = None if self.projection is None else CountSketch(
+            self.projection.dim, self.projection.seed)
+        self.engine = PerSampleEngine(model, self.params, self.sketch, path, chunk_bytes)
+        self.max_batch_tokens = max_batch_tokens
+        self.weight_version = int(weight_version)
+        self.pad_id = pad_id
+        self.reference: Reference | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.params.values())).device
+
+    @property
+    def layer_paths(self) -> dict[str, list[str]]:
+        """Per module name, the paths used so far: ghost, materialize, sparse-rows, vmap, loop."""
+        out = {k: sorted(v) for k, v in self.engine.paths.items()}
+        for n in self.engine.fallback:
+            out.setdefault(n, []).append("loop")
+        return out
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load new weights into the model and mark them as `version`."""
+        self.model.load_state_dict(state_dict)
+        self.weight_version = int(version)
+
+    # reference ---------------------------------------------------------------------------------
+    def set_reference(self, ref: list[Example]) -> None:
+        """Compute and store g_ref (and its norm) at the current weights and weight_version."""
+        self._set_reference(ref, len(ref), None)
+
+    def _set_reference(self, ref: list[Example], n_total: int,
+                       reduce: Callable[[torch.Tensor], None] | None) -> None:
+        if n_total == 0:
+            raise ValueError("reference set is empty: set_reference needs at least one Example")
+        grads = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
+        names, plist = list(self.params), list(self.params.values())
+        with scoring_mode(self.model):
+            for idx in plan_batches(ref, self.max_batch_tokens):
+                batch = make_batch([ref[i] for i in idx], idx, self.device, self.pad_id)
+                loss = batch_losses(self.model, batch).sum() / n_total
+                gs = torch.autograd.grad(loss, plist, allow_unused=True)
+                for n, g in zip(names, gs, strict=True):
+                    if g is not None:
+                        grads[n] += g.detach().float()
+        if reduce is not None:
+            for g in grads.values():
+                reduce(g)
+        sq = float(sum(g.double().pow(2).sum() for g in grads.values()))
+        proj = None
+        if self.sketch is not None:
+            proj = sum(self.sketch.project(n, self.params[n], g.unsqueeze(0))[0].double()
+                       for n, g in grads.items())
+        self.reference = Reference(grads, sq, proj, self.weight_version, n_total)
+        self.engine.ref = grads
+
+    def check_reference(self, allow_stale: bool = False) -> Reference:
+        """The current reference; raises if unset, or stale unless `allow_stale`."""
+        if self.reference is None:
+            raise RuntimeError("no reference gradient: call set_reference(ref) first")
+        if self.reference.weight_version != self.weight_version and not allow_stale:
+            raise StaleReferenceError(
+                f"reference gradient was computed at weight version "
+                f"{self.reference.weight_version} but the scorer is at version "
+                f"{self.weight_version}; call set_reference again or pass allow_stale=True")
+        return self.reference
+
+    # scoring -----------------------------------------------------------------------------------
+    def score(self, cands: list[Example], allow_stale: bool = False) -> list[AlignmentScore]:
+        """Alignment scores of `cands` against the reference, in input order."""
+        ref = self.check_reference(allow_stale)
+        return finalize(self.partials(cands), ref.sq, ref.proj)
+
+    def partials(self, cands: list[Example]) -> Partials:
+        """Additive per-candidate partials over this scorer's parameters (float64, on CPU)."""
+        n = len(cands)
+        dim = None if self.sketch is None else self.sketch.dim
+        out = Partials(torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64),
+                       None if dim is None else torch.zeros(n, dim, dtype=torch.float64))
+        if n == 0:
+            return out
+        with scoring_mode(self.model):
+            for idx in plan_batches(cands, self.max_batch_tokens):
+                batch = make_batch([cands[i] for i in idx], idx, self.device, self.pad_id)
+                acc, declined = self.engine.run(batch)
+                self._put(out, idx, acc.inner, acc.sq, acc.proj)
+                loop = sorted(self.engine.fallback | declined)
+                if loop:
+                    params = {k: self.params[k] for k in loop}
+                    ref = {k: self.engine.ref[k] for k in loop}
+                    self._put(out, idx, *naive_partials(
+                        self.model, params, ref, [cands[i] for i in idx], self.sketch))
+                    for k in loop:
+                        self.engine.paths.setdefault(k, set()).add("loop")
+        return out
+
+    @staticmethod
+    def _put(out: Partials, idx: list[int], inner: torch.Tensor, sq: torch.Tensor,
+             proj: torch.Tensor | None) -> None:
+        ix = torch.tensor(idx)
+        out.inner.index_add_(0, ix, inner.double().cpu())
+        out.sq.index_add_(0, ix, sq.double().cpu())
+        if out.proj is not None and proj is not None:
+            out.proj.index_add_(0, ix, proj.double().cpu())
+
+
+def finalize(p: Partials, ref_sq: float, ref_proj: torch.Tensor | None) -> list[AlignmentScore]:
+    """Turn (reduced) partials into scores; in projection mode everything is in the projection."""
+    if p.proj is not None and ref_proj is not None:
+        inner = p.proj @ ref_proj.double().cpu()
+        sq = p.proj.pow(2).sum(1)
+        ref_sq = float(ref_proj.double().pow(2).sum())
+    else:
+        inner, sq = p.inner, p.sq
+    ref_norm = max(ref_sq, 0.0) ** 0.5
+    out = []
+    for i in range(len(inner)):
+        norm = max(float(sq[i]), 0.0) ** 0.5
+        out.append(AlignmentScore(cosine=safe_cosine(float(inner[i]), norm, ref_norm),
+                                  inner=float(inner[i]), grad_norm=norm))
+    return out

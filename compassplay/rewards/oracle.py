@@ -1,0 +1,70 @@
+"""The plain autograd oracle: one `torch.autograd.grad` per candidate, flattened.
+
+Used by the tests as ground truth, by `bench scorer` as the naive baseline, and by the scorer as
+the exact fallback for parameters the batched hooks cannot handle. Never touches `.grad`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from .batch import Example, example_loss, scoring_mode
+from .subspace import CountSketch
+
+
+def per_example_grads(model: nn.Module, params: dict[str, nn.Parameter],
+                      examples: list[Example]) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield, per example, the float32 gradient of its loss w.r.t. each named parameter."""
+    names, plist = list(params), list(params.values())
+    for ex in examples:
+        with scoring_mode(model):
+            grads = torch.autograd.grad(example_loss(model, ex), plist, allow_unused=True)
+        yield {n: (torch.zeros_like(p, dtype=torch.float32) if g is None else g.float())
+               for n, p, g in zip(names, plist, grads, strict=True)}
+
+
+def reference_grads(model: nn.Module, params: dict[str, nn.Parameter],
+                    ref: list[Example]) -> dict[str, torch.Tensor]:
+    """Gradient of `mean_j loss(ref_j)` (each loss computed unpadded), one autograd call."""
+    if not ref:
+        raise ValueError("reference set is empty")
+    with scoring_mode(model):
+        loss = torch.stack([example_loss(model, ex) for ex in ref]).mean()
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
+    return {n: (torch.zeros_like(p, dtype=torch.float32) if g is None else g.float().detach())
+            for (n, p), g in zip(params.items(), grads, strict=True)}
+
+
+def flatten(grads: dict[str, torch.Tensor], sketch: CountSketch | None = None,
+            params: dict[str, nn.Parameter] | None = None) -> torch.Tensor:
+    """Concatenate per-parameter grads into one float64 vector, or project them (sketch)."""
+    if sketch is None:
+        return torch.cat([g.reshape(-1).double() for g in grads.values()])
+    assert params is not None
+    return sum(sketch.project(n, params[n], g.unsqueeze(0))[0].double()
+               for n, g in grads.items())
+
+
+def naive_partials(model: nn.Module, params: dict[str, nn.Parameter],
+                   ref: dict[str, torch.Tensor], cands: list[Example],
+                   sketch: CountSketch | None = None) -> tuple[torch.Tensor, torch.Tensor,
+                                                              torch.Tensor | None]:
+    """Per-candidate (inner (N,), squared norm (N,), projection (N, dim) or None), float64.
+
+    Exact mode: inner and squared norm against `ref` over `params`. Projection mode: the
+    projected gradients (inner/sq are then filled from the projection by the caller)."""
+    inner = torch.zeros(len(cands), dtype=torch.float64)
+    sq = torch.zeros(len(cands), dtype=torch.float64)
+    proj = None if sketch is None else torch.zeros(len(cands), sketch.dim, dtype=torch.float64)
+    ref_flat = None if sketch is not None else flatten({n: ref[n] for n in params})
+    for i, g in enumerate(per_example_grads(model, params, cands)):
+        if sketch is not None:
+            proj[i] = flatten(g, sketch, params)
+            continue
+        flat = flatten(g)
+        inner[i] = flat @ ref_flat
+        sq[i] = flat @ flat
+    return inner, sq, proj

@@ -1,0 +1,361 @@
+"""The roles of a self-play run as plain objects: each owns one engine/pool and calls stages.
+
+ProposerRole, SolverRole, VerifierRole, ScorerRole and LearnerRole are what the Ray actors
+wrap (`actors/`) and what the local executor calls in-process, so both run the same code.
+Each method returns a small batch record carrying the seconds it took.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from compassplay import stages
+from compassplay.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from compassplay.components import (
+    configure_torch,
+    make_env,
+    make_generator,
+    make_reference,
+    make_sandbox,
+    scorer_params,
+)
+from compassplay.config import RunConfig
+from compassplay.engines.factory import make_learner
+from compassplay.models import load_model
+from compassplay.records import Attempt, Candidate, StepStats, Task, Verdict
+from compassplay.rewards.gradient import GradientScorer, Partials, finalize
+
+Weights = dict[str, torch.Tensor]
+
+
+@dataclass
+class Proposals:
+    step: int
+    tasks: list[Task]
+    seed_tasks: list[Task]
+    seconds: float
+    buffer_state: dict | None = None
+
+
+@dataclass
+class Validated:
+    step: int
+    tasks: list[Task]
+    solved: list[Task]
+    seconds: float
+
+
+@dataclass
+class AttemptBatch:
+    attempts: list[Attempt]
+    seconds: float
+
+
+@dataclass
+class GradeBatch:
+    verdicts: list[Verdict]
+    seconds: float
+
+
+@dataclass
+class ScoredShard:
+    """Additive alignment partials of one scorer shard (replica: a slice of candidates;
+    param shard: all candidates over a slice of parameters)."""
+
+    cands: list[Candidate]
+    index: list[int]
+    inner: list[float]
+    sq: list[float]
+    ref_sq: float
+    seconds: float
+    proj: list[list[float]] | None = None
+    ref_proj: list[float] | None = None
+
+
+@dataclass
+class StepResult:
+    stats: StepStats
+    weight_version: int
+    extra: dict = field(default_factory=dict)
+
+
+class _Versioned:
+    """Holds a weight version; `sync` loads newer weights into every engine it owns."""
+
+    weight_version: int = 0
+
+    def sync(self, weights: Weights | None, version: int) -> None:
+        """Load `weights` when `version` is newer than what this role holds."""
+        if weights is not None and version > self.weight_version:
+            self.load_weights(weights, version)
+            self.weight_version = version
+
+    def load_weights(self, weights: Weights, version: int) -> None:  # pragma: no cover
+        raise TypeError(f"{type(self).__name__} holds no weights")
+
+
+class ProposerRole(_Versioned):
+    """Writes proposals with its own copy of the weights; owns the task buffer."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        configure_torch(cfg)
+        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        self.engine = make_generator(cfg, cfg.proposer, model, self.tok)
+        self.env = make_env(cfg, None)
+
+    def load_weights(self, weights: Weights, version: int) -> None:
+        self.engine.load_weights(weights, version)
+
+    def propose(self, step: int, previous: Validated | None, snapshot: bool = False) -> Proposals:
+        """Add the previous step's valid tasks to the buffer, then propose this step's tasks."""
+        t0 = time.perf_counter()
+        if previous is not None:
+            self.env.buffer.add([t for t in previous.tasks if t.valid])
+        state = self.env.buffer.state_dict() if snapshot else None
+        out = stages.propose(self.env, self.engine, self.tok, self.cfg, step)
+        return Proposals(step, out.tasks, out.seed_tasks, time.perf_counter() - t0, state)
+
+    def load_buffer(self, state: dict | None, pending: list[Task]) -> None:
+        """Replace the buffer (None = the fresh seed buffer) and add `pending` tasks."""
+        if state is None:
+            self.env = make_env(self.cfg, None)
+        else:
+            self.env.buffer.load_state_dict(state)
+        self.env.buffer.add(pending)
+
+
+class SolverRole(_Versioned):
+    """Samples n attempts per task with its own copy of the weights."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.cfg = cfg
+        configure_torch(cfg)
+        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        self.engine = make_generator(cfg, cfg.solver, model, self.tok)
+        self.env = make_env(cfg, None)
+
+    def load_weights(self, weights: Weights, version: int) -> None:
+        self.engine.load_weights(weights, version)
+
+    def solve(self, batch: Validated) -> AttemptBatch:
+        t0 = time.perf_counter()
+        attempts = stages.solve(self.env, self.engine, self.tok, self.cfg, batch.solved,
+                                batch.step)
+        return AttemptBatch(attempts, time.perf_counter() - t0)
+
+
+class VerifierRole:
+    """Validates proposals and grades attempts on an OS-isolated sandbox pool."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self.sandbox = make_sandbox(cfg.verifiers)
+        self.env = make_env(cfg, self.sandbox)
+
+    def validate(self, props: Proposals) -> Validated:
+        t0 = time.perf_counter()
+        tasks = stages.validate(self.env, props.tasks)
+        solved = [t for t in tasks if t.valid] + props.seed_tasks
+        return Validated(props.step, tasks, solved, time.perf_counter() - t0)
+
+    def grade(self, batch: Validated, attempts: AttemptBatch) -> GradeBatch:
+        t0 = time.perf_counter()
+        verdicts = stages.grade(self.env, batch.solved, attempts.attempts)
+        return GradeBatch(verdicts, time.perf_counter() - t0)
+
+    def stats(self) -> dict:
+        return self.sandbox.stats.snapshot()
+
+    def close(self) -> None:
+        self.sandbox.close()
+
+
+def shard_names(names: list[str], shard: int, num_shards: int) -> list[str]:
+    """Parameter names of `shard` out of `num_shards` (round-robin over the model's order)."""
+    return names[shard::num_shards]
+
+
+class ScorerRole(_Versioned):
+    """Builds candidates and computes alignment partials for one shard.
+
+    mode "replica": a full copy of the weights, scores candidates shard::num_shards.
+    mode "param_shard": scores every candidate over the parameter names of this shard.
+    The reference gradient is recomputed whenever the weight version changes.
+    """
+
+    def __init__(self, cfg: RunConfig, shard: int = 0, num_shards: int = 1) -> None:
+        self.cfg = cfg
+        self.shard, self.num_shards = shard, num_shards
+        configure_torch(cfg)
+        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        params = scorer_params(cfg.scorer.params)
+        if cfg.scorer.shard_mode == "param_shard" and num_shards > 1:
+            names = [n for n, p in model.named_parameters() if p.requires_grad]
+            params = shard_names(names, shard, num_shards)
+        self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id)
+        self.env = make_env(cfg, None)
+        self.reference = make_reference(cfg, self.tok)
+
+    def load_weights(self, weights: Weights, version: int) -> None:
+        self.scorer.load_weights(weights, version)
+
+    def score(self, batch: Validated, attempts: AttemptBatch, grades: GradeBatch) -> ScoredShard:
+        t0 = time.perf_counter()
+        cands = stages.build_candidates(self.env, self.tok, self.cfg, batch.solved,
+                                        attempts.attempts, grades.verdicts)
+        index = list(range(len(cands)))
+        if self.cfg.scorer.shard_mode == "replica":
+            index = index[self.shard::self.num_shards]
+        if not index or self.cfg.reward.kind not in stages.GRADIENT_KINDS:
+            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0)
+        ref = self.scorer.reference
+        if ref is None or ref.weight_version != self.scorer.weight_version:
+            self.scorer.set_reference(self.reference)
+            ref = self.scorer.reference
+        part = self.scorer.partials(stages.candidate_examples([cands[i] for i in index]))
+        return ScoredShard(
+            cands, index, part.inner.tolist(), part.sq.tolist(), float(ref.sq),
+            time.perf_counter() - t0,
+            proj=None if part.proj is None else part.proj.tolist(),
+            ref_proj=None if ref.proj is None else ref.proj.tolist())
+
+
+def merge_shards(shards: list[ScoredShard], param_shard: bool = False
+                 ) -> tuple[list[Candidate], dict[str, tuple]]:
+    """Sum partials over shards and finalize cosines: {task_id: (cosine, inner, grad_norm)}.
+
+    Replica shards partition the candidates (each holds the full reference norm); parameter
+    shards partition the parameters, so their reference partials add up too.
+    """
+    cands = shards[0].cands
+    n = len(cands)
+    inner = torch.zeros(n, dtype=torch.float64)
+    sq = torch.zeros(n, dtype=torch.float64)
+    proj = None
+    ref_sq = 0.0
+    ref_proj = None
+    for s in shards:
+        if not s.index:
+            continue
+        ix = torch.tensor(s.index)
+        inner.index_add_(0, ix, torch.tensor(s.inner, dtype=torch.float64))
+        sq.index_add_(0, ix, torch.tensor(s.sq, dtype=torch.float64))
+        if s.proj is not None:
+            p = torch.tensor(s.proj, dtype=torch.float64)
+            proj = torch.zeros(n, p.shape[1], dtype=torch.float64) if proj is None else proj
+            proj.index_add_(0, ix, p)
+            rp = torch.tensor(s.ref_proj, dtype=torch.float64)
+            ref_proj = rp if ref_proj is None or not param_shard else ref_proj + rp
+        ref_sq = ref_sq + s.ref_sq if param_shard else s.ref_sq
+    if not any(s.index for s in shards):
+        return cands, {}
+    scores = finalize(Partials(inner, sq, proj), ref_sq, ref_proj)
+    return cands, {c.task_id: (r.cosine, r.inner, r.grad_norm)
+                   for c, r in zip(cands, scores, strict=True)}
+
+
+def is_checkpoint_step(cfg: RunConfig, step: int) -> bool:
+    return (step + 1) % cfg.learner.checkpoint_every == 0 or step + 1 == cfg.pipeline.steps
+
+
+class LearnerRole:
+    """Assigns rewards, updates the policy, checkpoints; the source of weight versions.
+
+    Checkpoint `k` is written inside `learn(k)` (atomically, every `checkpoint_every` steps and
+    at the last step) and holds: learner state, the task buffer as the proposer snapshotted it
+    for step k plus step k's valid tasks, and the StepStats since the previous checkpoint (so a
+    driver killed before writing its metrics lines loses none). A restarted learner actor
+    restores the latest checkpoint in its constructor.
+    """
+
+    def __init__(self, cfg: RunConfig, run_dir: str, restore: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        configure_torch(cfg)
+        self.model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        self._initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.learner = make_learner(cfg.learner, self.model, total_steps=cfg.pipeline.steps)
+        self.env = make_env(cfg, None)
+        self.steps_done = 0
+        self.version_offset = 0
+        self.recent: list[StepStats] = []
+        self.restored_state: dict | None = None
+        if restore:
+            self.restore()
+
+    @property
+    def weight_version(self) -> int:
+        return self.learner.weight_version + self.version_offset
+
+    def weights(self, role: str = "solver") -> Weights:
+        return self.learner.state_dict_for_sync(role)
+
+    def restore(self, min_version: int = 0) -> dict | None:
+        """Reload the latest checkpoint (or the initial weights when there is none); weight
+        versions stay >= `min_version` so engines holding newer versions accept the rollback."""
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            self.model.load_state_dict(self._initial)
+            self.learner = make_learner(self.cfg.learner, self.model,
+                                        total_steps=self.cfg.pipeline.steps)
+            self.steps_done, self.restored_state = 0, None
+        else:
+            self.restored_state = load_checkpoint(ckpt, self.learner)
+            self.steps_done = self.restored_state["step"] + 1
+        self.version_offset = max(0, min_version - self.learner.weight_version)
+        self.recent = []
+        return self.restored_state
+
+    def learn(self, props: Proposals, batch: Validated, attempts: AttemptBatch,
+              grades: GradeBatch, shards: list[ScoredShard]) -> StepResult:
+        """Rewards -> trajectories -> one policy update -> the step's metrics (+ checkpoint)."""
+        if props.step != self.steps_done:
+            raise RuntimeError(f"learner expected step {self.steps_done}, got {props.step}")
+        param_shard = self.cfg.scorer.shard_mode == "param_shard"
+        cands, alignment = merge_shards(shards, param_shard) if shards else ([], {})
+        scores = stages.assign_rewards(self.cfg.reward, batch.tasks, grades.verdicts, cands,
+                                       alignment)
+        trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
+                                         attempts.attempts, grades.verdicts, scores)
+        t0 = time.perf_counter()
+        lstats = self.learner.step(trajs)
+        lstats.weight_version = self.weight_version
+        seconds = {"propose": props.seconds, "validate": batch.seconds,
+                   "solve": attempts.seconds, "grade": grades.seconds,
+                   "score": max((s.seconds for s in shards), default=0.0),
+                   "learn": time.perf_counter() - t0}
+        stats = stages.summarize(props.step, batch.tasks, batch.solved, attempts.attempts,
+                                 grades.verdicts, scores, lstats, seconds)
+        self.steps_done += 1
+        self.recent.append(stats)
+        ckpt = ""
+        if is_checkpoint_step(self.cfg, props.step):
+            ckpt = self._checkpoint(props, batch)
+        return StepResult(stats, self.weight_version, {"checkpoint": ckpt})
+
+    def _checkpoint(self, props: Proposals, batch: Validated) -> str:
+        if props.buffer_state is None:
+            raise RuntimeError(f"step {props.step} is a checkpoint step but its proposals "
+                               "carry no buffer snapshot")
+        state = {"step": props.step, "buffer": props.buffer_state,
+                 "buffer_pending": [t.model_dump(mode="json") for t in batch.tasks if t.valid],
+                 "recent_stats": [s.model_dump(mode="json") for s in self.recent]}
+        path = save_checkpoint(self.run_dir, props.step, self.learner, state,
+                               keep_last=self.cfg.learner.keep_last)
+        self.recent = []
+        return str(path)
+
+
+def restored_buffer(state: dict) -> tuple[dict, list[Task]]:
+    """The checkpointed buffer state and the checkpoint step's valid tasks still to add."""
+    return state["buffer"], [Task.model_validate(t) for t in state["buffer_pending"]]
+
+
+def restored_metrics(state: dict) -> tuple[int, list[StepStats]]:
+    """(lines of metrics.jsonl to keep, StepStats to append) after restoring `state`."""
+    recent = [StepStats.model_validate(s) for s in state["recent_stats"]]
+    return state["step"] + 1 - len(recent), recent

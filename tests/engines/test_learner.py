@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from compassplay.config import LearnerSection
+from compassplay.engines import SamplingParams, make_learner
+from compassplay.engines.advantages import trajectory_advantages
+from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.learner import lr_lambda
+from compassplay.engines.logprobs import pack, token_logprobs
+from compassplay.engines.tiny import synthetic_trajectories as on_policy_batch
+from compassplay.engines.tiny import tiny_causal_lm
+from compassplay.records import Trajectory
+
+
+def _objective(model, trajs) -> float:
+    """Advantage-weighted summed log-prob: what the policy gradient ascends."""
+    adv = trajectory_advantages(trajs)
+    b = pack([t.generation for t in trajs])
+    with torch.no_grad():
+        lp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["targets"])
+    seq = (lp * b["mask"]).sum(-1)
+    return float(sum(a * s for a, s in zip(adv, seq.tolist(), strict=True)))
+
+
+def test_on_policy_ratio_is_one(model, tokenizer, learner_cfg):
+    eng = HFGenerationEngine(model, tokenizer)
+    gens = eng.generate([[1, 2, 3], [9], [40, 41, 42, 43]],
+                        SamplingParams(max_new_tokens=8, temperature=0.7, top_p=0.9, seed=0))
+    b = pack(gens)
+    with torch.no_grad():
+        lp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["targets"])
+    ratio = torch.exp(lp - b["old_logp"])[b["mask"] > 0]
+    torch.testing.assert_close(ratio, torch.ones_like(ratio), atol=1e-4, rtol=0)
+    trajs = [Trajectory(generation=g, reward=float(i), role="solver", task_type="deduction")
+             for i, g in enumerate(gens)]
+    stats = make_learner(learner_cfg, model).step(trajs)
+    assert stats.clip_frac == 0.0 and stats.n_tokens == sum(len(g.completion_ids) for g in gens)
+
+
+def test_learning_improves_objective_and_versions(model, learner_cfg):
+    learner = make_learner(learner_cfg, model)
+    before = _objective(model, on_policy_batch(model, n=8))
+    for k in range(4):
+        stats = learner.step(on_policy_batch(model, n=8))
+        assert stats.weight_version == learner.weight_version == k + 1
+        assert stats.grad_norm > 0 and stats.lr == pytest.approx(1e-2)
+    assert _objective(model, on_policy_batch(model, n=8)) > before + 0.5
+
+
+def test_micro_batch_does_not_change_update(learner_cfg):
+    results = []
+    for mb in (1, 3, 16):
+        m = tiny_causal_lm(seed=0)
+        trajs = on_policy_batch(m, n=7)
+        cfg = learner_cfg.model_copy(update={"micro_batch": mb})
+        s = make_learner(cfg, m).step(trajs)
+        results.append((s.loss, s.grad_norm, [p.detach().clone() for p in m.parameters()]))
+    for loss, gn, params in results[1:]:
+        assert loss == pytest.approx(results[0][0], abs=1e-6)
+        assert gn == pytest.approx(results[0][1], rel=1e-5)
+        for a, b in zip(params, results[0][2], strict=True):
+            # Adam divides by |g|: near-zero grads amplify rounding, so tolerance ~ 1% of lr
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+def test_separate_models_update_their_own_role(model, learner_cfg):
+    cfg = learner_cfg.model_copy(update={"shared_model": False})
+    learner = make_learner(cfg, model)
+    prop0 = learner.state_dict_for_sync("proposer")
+    sol0 = learner.state_dict_for_sync("solver")
+    learner.step(on_policy_batch(model, n=6, roles=("solver",)))
+    prop1, sol1 = learner.state_dict_for_sync("proposer"), learner.state_dict_for_sync("solver")
+    assert all(torch.equal(prop0[k], prop1[k]) for k in prop0)
+    assert any(not torch.equal(sol0[k], sol1[k]) for k in sol0)
+    batch = [t.model_copy(update={"reward": float(i)}) for i, t in
+             enumerate(on_policy_batch(model, n=6, roles=("proposer", "solver")))]
+    stats = learner.step(batch)
+    assert set(stats.by_model) == {"proposer", "solver"} and learner.weight_version == 2
+    prop2 = learner.state_dict_for_sync("proposer")
+    assert any(not torch.equal(prop1[k], prop2[k]) for k in prop1)
+
+
+def test_kl_to_reference(model, learner_cfg):
+    cfg = learner_cfg.model_copy(update={"kl_coef": 0.1})
+    with pytest.raises(ValueError, match="reference"):
+        make_learner(cfg, model)
+    learner = make_learner(cfg, model, ref_model=copy.deepcopy(model))
+    assert learner.step(on_policy_batch(model, n=4)).kl == pytest.approx(0.0, abs=1e-7)
+    assert learner.step(on_policy_batch(model, n=4)).kl > 0
+
+
+def test_lr_schedules():
+    f = lr_lambda("cosine", warmup_steps=2, total_steps=6)
+    assert [round(f(n), 4) for n in range(7)] == [0.5, 1.0, 1.0, 0.8536, 0.5, 0.1464, 0.0]
+    g = lr_lambda("linear", warmup_steps=0, total_steps=4)
+    assert [g(n) for n in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    with pytest.raises(ValueError, match="total_steps"):
+        lr_lambda("cosine", 0, None)
+    cfg = LearnerSection(lr=1.0, schedule="linear")
+    learner = make_learner(cfg, tiny_causal_lm(), total_steps=4)
+    m = learner.slots["policy"].module
+    lrs = [learner.step(on_policy_batch(m, n=2)).lr for _ in range(3)]
+    assert lrs == [1.0, 0.75, 0.5]
