@@ -3,8 +3,12 @@ import math
 import pytest
 import torch
 
-from compassplay.rewards.gradient import (AlignmentScore, Example, GradientScorer,
-                                          StaleReferenceError)
+from compassplay.rewards.gradient import (
+    AlignmentScore,
+    Example,
+    GradientScorer,
+    StaleReferenceError,
+)
 
 from .conftest import oracle, rand_example, tiny_model
 
@@ -21,8 +25,11 @@ def assert_matches(got: list[AlignmentScore], want, cos_tol=1e-4):
         assert g.inner == pytest.approx(inner, rel=1e-3, abs=1e-6 * max(1.0, abs(inner)))
 
 
-@pytest.mark.parametrize("kind,tied", ARCHS)
-@pytest.mark.parametrize("path", ["auto", "ghost"])
+CASES = [(k, t, "auto") for k, t in ARCHS] + [
+    ("qwen2", True, "ghost"), ("llama", False, "ghost"), ("gpt2", True, "ghost")]
+
+
+@pytest.mark.parametrize("kind,tied,path", CASES)
 def test_matches_oracle_mixed_lengths(kind, tied, path, gen):
     model = tiny_model(kind, tied)
     ref = [rand_example(gen, 5, 9), rand_example(gen, 3, 20), rand_example(gen, 7, 1)]
