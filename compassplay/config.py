@@ -90,6 +90,9 @@ class RewardSection(Section):
     azr_compat: bool = Field(False, description="difficulty gives -0.5 when s in {0,1}")
     format_penalty: float = Field(-1.0, le=0.0, description="reward of ill-formed proposals")
     novelty_tokenizer: Literal["model", "regex"] = "model"
+    soar_groups: int = Field(4, ge=1, description="soar: candidate groups per step")
+    soar_lr: float = Field(1e-3, gt=0.0, description="soar: SGD step size of the inner update")
+    soar_inner_steps: int = Field(1, ge=1, description="soar: SGD steps on each group")
 
 
 class ReferenceSection(Section):

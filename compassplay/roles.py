@@ -28,6 +28,8 @@ from compassplay.engines.factory import make_learner
 from compassplay.models import load_model
 from compassplay.records import Attempt, Candidate, StepStats, Task, Verdict
 from compassplay.rewards.gradient import GradientScorer, Partials, finalize
+from compassplay.rewards.oracle import naive_partials, reference_grads
+from compassplay.rewards.soar import measured_utility, split_groups
 
 Weights = dict[str, torch.Tensor]
 
@@ -74,6 +76,7 @@ class ScoredShard:
     seconds: float
     proj: list[list[float]] | None = None
     ref_proj: list[float] | None = None
+    utility: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -199,6 +202,7 @@ class ScorerRole(_Versioned):
         self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id)
         self.env = make_env(cfg, None)
         self.reference = make_reference(cfg, self.tok)
+        self._naive_ref: tuple[int, dict] | None = None
 
     def load_weights(self, weights: Weights, version: int) -> None:
         self.scorer.load_weights(weights, version)
@@ -207,21 +211,57 @@ class ScorerRole(_Versioned):
         t0 = time.perf_counter()
         cands = stages.build_candidates(self.env, self.tok, self.cfg, batch.solved,
                                         attempts.attempts, grades.verdicts)
+        kind = self.cfg.reward.kind
+        if kind == "soar":
+            utility = self._soar(cands)
+            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0,
+                               utility=utility)
         index = list(range(len(cands)))
         if self.cfg.scorer.shard_mode == "replica":
             index = index[self.shard::self.num_shards]
-        if not index or self.cfg.reward.kind not in stages.GRADIENT_KINDS:
+        if not index or kind not in stages.GRADIENT_KINDS:
             return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0)
         ref = self.scorer.reference
         if ref is None or ref.weight_version != self.scorer.weight_version:
             self.scorer.set_reference(self.reference)
             ref = self.scorer.reference
-        part = self.scorer.partials(stages.candidate_examples([cands[i] for i in index]))
+        examples = stages.candidate_examples([cands[i] for i in index])
+        if self.cfg.scorer.mode == "naive":
+            part = self._naive_partials(examples)
+        else:
+            part = self.scorer.partials(examples)
         return ScoredShard(
             cands, index, part.inner.tolist(), part.sq.tolist(), float(ref.sq),
             time.perf_counter() - t0,
             proj=None if part.proj is None else part.proj.tolist(),
             ref_proj=None if ref.proj is None else ref.proj.tolist())
+
+    def _naive_partials(self, examples: list) -> Partials:
+        """The plain autograd oracle: one backward per candidate (scorer.mode=naive)."""
+        sc = self.scorer
+        if self._naive_ref is None or self._naive_ref[0] != sc.weight_version:
+            self._naive_ref = (sc.weight_version,
+                               reference_grads(sc.model, sc.params, self.reference))
+        return Partials(*naive_partials(sc.model, sc.params, self._naive_ref[1], examples,
+                                        sc.sketch))
+
+    def _soar(self, cands: list[Candidate]) -> dict[str, float]:
+        """Measured utility of this shard's candidate groups (reward.kind=soar)."""
+        r = self.cfg.reward
+        groups = split_groups(len(cands), r.soar_groups)[self.shard::self.num_shards]
+        groups = [g for g in groups if g]
+        if not groups:
+            return {}
+        values = measured_utility(
+            self.scorer.model, [stages.candidate_examples([cands[i] for i in g]) for g in groups],
+            self.reference, lr=r.soar_lr, inner_steps=r.soar_inner_steps,
+            pad_id=self.tok.pad_token_id)
+        return {cands[i].task_id: v for g, v in zip(groups, values, strict=True) for i in g}
+
+
+def merge_utility(shards: list[ScoredShard]) -> dict[str, float]:
+    """SOAR utilities of all shards (each shard owns distinct candidate groups)."""
+    return {k: v for s in shards for k, v in s.utility.items()}
 
 
 def merge_shards(shards: list[ScoredShard], param_shard: bool = False
@@ -318,7 +358,7 @@ class LearnerRole:
         param_shard = self.cfg.scorer.shard_mode == "param_shard"
         cands, alignment = merge_shards(shards, param_shard) if shards else ([], {})
         scores = stages.assign_rewards(self.cfg.reward, batch.tasks, grades.verdicts, cands,
-                                       alignment)
+                                       alignment, merge_utility(shards))
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
                                          attempts.attempts, grades.verdicts, scores)
         t0 = time.perf_counter()

@@ -103,3 +103,43 @@ def test_trajectories_carry_rewards(setup):
     assert sum(t.reward for t in solver) == 7.0  # 2 + 4 + 1 correct attempts, binary reward
     assert all(t.role == "solver" for t in trajs)  # these hand-made proposals have no generation
     assert isinstance(attempts[0], Attempt)
+
+
+def _scored(setup, overrides, num_shards=1):
+    from compassplay.roles import AttemptBatch, GradeBatch, ScorerRole, Validated, merge_shards
+
+    cfg0, _, tasks, attempts, verdicts, _, _ = setup
+    cfg = load_config(None, ["task.types=[deduction]", "reference.max_items=3", *overrides])
+    batch = Validated(0, tasks, [t for t in tasks if t.valid], 0.0)
+    shards = [ScorerRole(cfg, i, num_shards).score(batch, AttemptBatch(attempts, 0.0),
+                                                   GradeBatch(verdicts, 0.0))
+              for i in range(num_shards)]
+    return shards, merge_shards(shards, cfg.scorer.shard_mode == "param_shard")[1]
+
+
+@pytest.mark.parametrize("overrides,num_shards", [
+    (["scorer.mode=naive"], 1),
+    (["scorer.shard_mode=replica"], 2),
+    (["scorer.shard_mode=param_shard"], 2),
+])
+def test_scorer_roles_agree_with_the_single_batched_scorer(setup, overrides, num_shards):
+    _, _, _, _, _, _, alignment = setup
+    _, got = _scored(setup, ["reward.kind=cosine", *overrides], num_shards)
+    assert set(got) == set(alignment)
+    for tid, (cos, inner, norm) in alignment.items():
+        assert got[tid][0] == pytest.approx(cos, abs=1e-5)
+        assert got[tid][1] == pytest.approx(inner, rel=1e-4, abs=1e-9)
+        assert got[tid][2] == pytest.approx(norm, rel=1e-4)
+
+
+def test_soar_rewards_are_one_value_per_group(setup):
+    _, _, tasks, _, verdicts, cands, _ = setup
+    shards, _ = _scored(setup, ["reward.kind=soar", "reward.soar_groups=1",
+                                "reward.soar_lr=0.01"])
+    utility = shards[0].utility
+    assert set(utility) == {c.task_id for c in cands}
+    assert len(set(utility.values())) == 1  # one group: every candidate gets the same value
+    scores = {s.task_id: s for s in stages.assign_rewards(
+        RewardSection(kind="soar"), tasks, verdicts, cands, {}, utility)}
+    assert scores["p0"].reward == utility["p0"] != 0.0
+    assert scores["p1"].reward == 0.0 and scores["p3"].reward == -1.0
