@@ -16,7 +16,6 @@ from compassplay.records import StepStats
 from compassplay.roles import (
     LearnerRole,
     ProposerRole,
-    ScorerRole,
     SolverRole,
     VerifierRole,
     is_checkpoint_step,
@@ -24,6 +23,7 @@ from compassplay.roles import (
     restored_metrics,
 )
 from compassplay.runlog import RunLog
+from compassplay.scorer_role import ScorerRole
 
 log = logging.getLogger(__name__)
 

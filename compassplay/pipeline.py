@@ -153,6 +153,8 @@ class Pipeline:
         a = self.actors
         restored = ray.get(a.learner.restored_state.remote()) if resume else None
         step = self._start(restored, ray.get(a.learner.weight_version.remote()))
+        if restored is not None:
+            log.info("resumed %s at step %d", self.run_dir, step)
         pending: deque[InFlight] = deque()
         while step < self.cfg.pipeline.steps or pending:
             if step < self.cfg.pipeline.steps and len(pending) <= self.cfg.pipeline.staleness:

@@ -8,85 +8,37 @@ Each method returns a small batch record carrying the seconds it took.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from compassplay import stages
+from compassplay.batches import (
+    AttemptBatch,
+    GradeBatch,
+    Proposals,
+    ScoredShard,
+    StepResult,
+    Validated,
+    merge_shards,
+    merge_utility,
+)
 from compassplay.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from compassplay.components import (
     configure_torch,
     make_env,
     make_generator,
-    make_reference,
     make_sandbox,
-    scorer_params,
 )
-from compassplay.config import RunConfig
+from compassplay.config import RunConfig, SamplingSection
 from compassplay.engines.factory import make_learner
 from compassplay.models import load_model
-from compassplay.records import Attempt, Candidate, StepStats, Task, Verdict
-from compassplay.rewards.gradient import GradientScorer, Partials, finalize
-from compassplay.rewards.oracle import naive_partials, reference_grads
-from compassplay.rewards.soar import measured_utility, split_groups
+from compassplay.records import StepStats, Task
 
 Weights = dict[str, torch.Tensor]
 
 
-@dataclass
-class Proposals:
-    step: int
-    tasks: list[Task]
-    seed_tasks: list[Task]
-    seconds: float
-    buffer_state: dict | None = None
-
-
-@dataclass
-class Validated:
-    step: int
-    tasks: list[Task]
-    solved: list[Task]
-    seconds: float
-
-
-@dataclass
-class AttemptBatch:
-    attempts: list[Attempt]
-    seconds: float
-
-
-@dataclass
-class GradeBatch:
-    verdicts: list[Verdict]
-    seconds: float
-
-
-@dataclass
-class ScoredShard:
-    """Additive alignment partials of one scorer shard (replica: a slice of candidates;
-    param shard: all candidates over a slice of parameters)."""
-
-    cands: list[Candidate]
-    index: list[int]
-    inner: list[float]
-    sq: list[float]
-    ref_sq: float
-    seconds: float
-    proj: list[list[float]] | None = None
-    ref_proj: list[float] | None = None
-    utility: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class StepResult:
-    stats: StepStats
-    weight_version: int
-    extra: dict = field(default_factory=dict)
-
-
-class _Versioned:
+class Versioned:
     """Holds a weight version; `sync` loads newer weights into every engine it owns."""
 
     weight_version: int = 0
@@ -101,18 +53,25 @@ class _Versioned:
         raise TypeError(f"{type(self).__name__} holds no weights")
 
 
-class ProposerRole(_Versioned):
-    """Writes proposals with its own copy of the weights; owns the task buffer."""
+class _GeneratorRole(Versioned):
+    """A role that samples with its own generation engine (sampling settings: `section`)."""
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, section: SamplingSection) -> None:
         self.cfg = cfg
         configure_torch(cfg)
         model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
-        self.engine = make_generator(cfg, cfg.proposer, model, self.tok)
+        self.engine = make_generator(cfg, section, model, self.tok)
         self.env = make_env(cfg, None)
 
     def load_weights(self, weights: Weights, version: int) -> None:
         self.engine.load_weights(weights, version)
+
+
+class ProposerRole(_GeneratorRole):
+    """Writes proposals with its own copy of the weights; owns the task buffer."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        super().__init__(cfg, cfg.proposer)
 
     def propose(self, step: int, previous: Validated | None, snapshot: bool = False) -> Proposals:
         """Add the previous step's valid tasks to the buffer, then propose this step's tasks."""
@@ -132,18 +91,11 @@ class ProposerRole(_Versioned):
         self.env.buffer.add(pending)
 
 
-class SolverRole(_Versioned):
+class SolverRole(_GeneratorRole):
     """Samples n attempts per task with its own copy of the weights."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.cfg = cfg
-        configure_torch(cfg)
-        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
-        self.engine = make_generator(cfg, cfg.solver, model, self.tok)
-        self.env = make_env(cfg, None)
-
-    def load_weights(self, weights: Weights, version: int) -> None:
-        self.engine.load_weights(weights, version)
+        super().__init__(cfg, cfg.solver)
 
     def solve(self, batch: Validated) -> AttemptBatch:
         t0 = time.perf_counter()
@@ -175,127 +127,6 @@ class VerifierRole:
 
     def close(self) -> None:
         self.sandbox.close()
-
-
-def shard_names(names: list[str], shard: int, num_shards: int) -> list[str]:
-    """Parameter names of `shard` out of `num_shards` (round-robin over the model's order)."""
-    return names[shard::num_shards]
-
-
-class ScorerRole(_Versioned):
-    """Builds candidates and computes alignment partials for one shard.
-
-    mode "replica": a full copy of the weights, scores candidates shard::num_shards.
-    mode "param_shard": scores every candidate over the parameter names of this shard.
-    The reference gradient is recomputed whenever the weight version changes.
-    """
-
-    def __init__(self, cfg: RunConfig, shard: int = 0, num_shards: int = 1) -> None:
-        self.cfg = cfg
-        self.shard, self.num_shards = shard, num_shards
-        configure_torch(cfg)
-        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
-        params = scorer_params(cfg.scorer.params)
-        if cfg.scorer.shard_mode == "param_shard" and num_shards > 1:
-            names = [n for n, p in model.named_parameters() if p.requires_grad]
-            params = shard_names(names, shard, num_shards)
-        self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id)
-        self.env = make_env(cfg, None)
-        self.reference = make_reference(cfg, self.tok)
-        self._naive_ref: tuple[int, dict] | None = None
-
-    def load_weights(self, weights: Weights, version: int) -> None:
-        self.scorer.load_weights(weights, version)
-
-    def score(self, batch: Validated, attempts: AttemptBatch, grades: GradeBatch) -> ScoredShard:
-        t0 = time.perf_counter()
-        cands = stages.build_candidates(self.env, self.tok, self.cfg, batch.solved,
-                                        attempts.attempts, grades.verdicts)
-        kind = self.cfg.reward.kind
-        if kind == "soar":
-            utility = self._soar(cands)
-            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0,
-                               utility=utility)
-        index = list(range(len(cands)))
-        if self.cfg.scorer.shard_mode == "replica":
-            index = index[self.shard::self.num_shards]
-        if not index or kind not in stages.GRADIENT_KINDS:
-            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0)
-        ref = self.scorer.reference
-        if ref is None or ref.weight_version != self.scorer.weight_version:
-            self.scorer.set_reference(self.reference)
-            ref = self.scorer.reference
-        examples = stages.candidate_examples([cands[i] for i in index])
-        if self.cfg.scorer.mode == "naive":
-            part = self._naive_partials(examples)
-        else:
-            part = self.scorer.partials(examples)
-        return ScoredShard(
-            cands, index, part.inner.tolist(), part.sq.tolist(), float(ref.sq),
-            time.perf_counter() - t0,
-            proj=None if part.proj is None else part.proj.tolist(),
-            ref_proj=None if ref.proj is None else ref.proj.tolist())
-
-    def _naive_partials(self, examples: list) -> Partials:
-        """The plain autograd oracle: one backward per candidate (scorer.mode=naive)."""
-        sc = self.scorer
-        if self._naive_ref is None or self._naive_ref[0] != sc.weight_version:
-            self._naive_ref = (sc.weight_version,
-                               reference_grads(sc.model, sc.params, self.reference))
-        return Partials(*naive_partials(sc.model, sc.params, self._naive_ref[1], examples,
-                                        sc.sketch))
-
-    def _soar(self, cands: list[Candidate]) -> dict[str, float]:
-        """Measured utility of this shard's candidate groups (reward.kind=soar)."""
-        r = self.cfg.reward
-        groups = split_groups(len(cands), r.soar_groups)[self.shard::self.num_shards]
-        groups = [g for g in groups if g]
-        if not groups:
-            return {}
-        values = measured_utility(
-            self.scorer.model, [stages.candidate_examples([cands[i] for i in g]) for g in groups],
-            self.reference, lr=r.soar_lr, inner_steps=r.soar_inner_steps,
-            pad_id=self.tok.pad_token_id)
-        return {cands[i].task_id: v for g, v in zip(groups, values, strict=True) for i in g}
-
-
-def merge_utility(shards: list[ScoredShard]) -> dict[str, float]:
-    """SOAR utilities of all shards (each shard owns distinct candidate groups)."""
-    return {k: v for s in shards for k, v in s.utility.items()}
-
-
-def merge_shards(shards: list[ScoredShard], param_shard: bool = False
-                 ) -> tuple[list[Candidate], dict[str, tuple]]:
-    """Sum partials over shards and finalize cosines: {task_id: (cosine, inner, grad_norm)}.
-
-    Replica shards partition the candidates (each holds the full reference norm); parameter
-    shards partition the parameters, so their reference partials add up too.
-    """
-    cands = shards[0].cands
-    n = len(cands)
-    inner = torch.zeros(n, dtype=torch.float64)
-    sq = torch.zeros(n, dtype=torch.float64)
-    proj = None
-    ref_sq = 0.0
-    ref_proj = None
-    for s in shards:
-        if not s.index:
-            continue
-        ix = torch.tensor(s.index)
-        inner.index_add_(0, ix, torch.tensor(s.inner, dtype=torch.float64))
-        sq.index_add_(0, ix, torch.tensor(s.sq, dtype=torch.float64))
-        if s.proj is not None:
-            p = torch.tensor(s.proj, dtype=torch.float64)
-            proj = torch.zeros(n, p.shape[1], dtype=torch.float64) if proj is None else proj
-            proj.index_add_(0, ix, p)
-            rp = torch.tensor(s.ref_proj, dtype=torch.float64)
-            ref_proj = rp if ref_proj is None or not param_shard else ref_proj + rp
-        ref_sq = ref_sq + s.ref_sq if param_shard else s.ref_sq
-    if not any(s.index for s in shards):
-        return cands, {}
-    scores = finalize(Partials(inner, sq, proj), ref_sq, ref_proj)
-    return cands, {c.task_id: (r.cosine, r.inner, r.grad_norm)
-                   for c, r in zip(cands, scores, strict=True)}
 
 
 def is_checkpoint_step(cfg: RunConfig, step: int) -> bool:

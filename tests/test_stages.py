@@ -106,7 +106,8 @@ def test_trajectories_carry_rewards(setup):
 
 
 def _scored(setup, overrides, num_shards=1):
-    from compassplay.roles import AttemptBatch, GradeBatch, ScorerRole, Validated, merge_shards
+    from compassplay.batches import AttemptBatch, GradeBatch, Validated, merge_shards
+    from compassplay.scorer_role import ScorerRole
 
     cfg0, _, tasks, attempts, verdicts, _, _ = setup
     cfg = load_config(None, ["task.types=[deduction]", "reference.max_items=3", *overrides])

@@ -11,21 +11,18 @@ import uuid
 
 import ray
 
-from compassplay.config import RunConfig
-from compassplay.records import Task
-from compassplay.roles import (
+from compassplay.batches import (
     AttemptBatch,
     GradeBatch,
-    LearnerRole,
     Proposals,
-    ProposerRole,
     ScoredShard,
-    ScorerRole,
-    SolverRole,
     StepResult,
     Validated,
-    VerifierRole,
 )
+from compassplay.config import RunConfig
+from compassplay.records import Task
+from compassplay.roles import LearnerRole, ProposerRole, SolverRole, VerifierRole
+from compassplay.scorer_role import ScorerRole
 
 
 def _sync(role, version: int, wref: list) -> None:

@@ -24,10 +24,10 @@ from pathlib import Path
 import ray
 
 from compassplay.actors.placement import ActorSet
+from compassplay.batches import StepResult
 from compassplay.config import load_config
 from compassplay.pipeline import Pipeline, init_ray
 from compassplay.records import StepStats
-from compassplay.roles import StepResult
 
 ROOT = Path(__file__).resolve().parents[2]
 

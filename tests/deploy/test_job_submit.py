@@ -33,8 +33,6 @@ REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 RAY = VENV_BIN / "ray"
 JOB_TIMEOUT_S = 240
-# runtime_env for the job: Ray already honours .gitignore (.venv, runs); .git is excluded too.
-RUNTIME_ENV = {"excludes": [".venv", "runs", ".git", ".pytest_cache", ".ruff_cache"]}
 
 
 def _free_ports(n: int) -> list[int]:
@@ -98,7 +96,7 @@ def ray_cluster():
     """A real single-node cluster: `ray start --head --block`; yields (dashboard URL, temp dir)."""
     gcs, dash, client, agent = _free_ports(4)
     temp_dir = tempfile.mkdtemp(prefix="cpjob", dir="/tmp")
-    log = open(Path(temp_dir) / "ray_start.log", "w")  # noqa: SIM115 - closed in teardown
+    log = open(Path(temp_dir) / "ray_start.log", "w")  # closed in teardown
     cmd = [str(RAY), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=4",
            "--num-gpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=true",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
@@ -147,10 +145,14 @@ def test_ray_job_submit_micro_run(ray_cluster, tmp_path):
     out = tmp_path / "runs"
     job_id = f"compassplay-test-{uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    sub = _ray("job", "submit", "--address", url, "--submission-id", job_id,
-               "--working-dir", str(REPO), "--runtime-env-json", json.dumps(RUNTIME_ENV),
-               "--no-wait", "--", "compassplay", "run", "--config", "configs/micro.yaml",
-               "pipeline.steps=2", f"run.name={name}", f"run.output_dir={out}")
+    # deploy/submit_job.sh runs: ray job submit --address $RAY_ADDRESS --working-dir .
+    #   --runtime-env-json '{"excludes": [...]}' --no-wait --submission-id $JOB_ID
+    #   -- compassplay run --config $CONFIG "$@"
+    env = _env() | {"RAY_ADDRESS": url, "RAY_BIN": str(RAY), "CONFIG": "configs/micro.yaml",
+                     "NO_WAIT": "1", "JOB_ID": job_id}
+    sub = subprocess.run(["bash", str(REPO / "deploy" / "submit_job.sh"), "pipeline.steps=2",
+                          f"run.name={name}", f"run.output_dir={out}"],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     assert "Uploading package" in sub.stdout + sub.stderr, sub.stdout + sub.stderr
 

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Submit a CompassPlay run to a Ray cluster as a Ray job.
+#
+#   RAY_ADDRESS=http://127.0.0.1:8265 CONFIG=configs/paper_coding_7b.yaml \
+#     deploy/submit_job.sh [KEY=VALUE ...]
+#
+#   RAY_ADDRESS  the cluster's dashboard / Jobs API (default http://127.0.0.1:8265; for
+#                `ray up` clusters run `ray dashboard ray_cluster.yaml` first; for KubeRay
+#                `kubectl port-forward svc/compassplay-head-svc 8265:8265`)
+#   CONFIG       run config (default configs/paper_coding_7b.yaml)
+#   JOB_ID       optional submission id (default: Ray generates raysubmit_...)
+#   NO_WAIT=1    return after submission instead of tailing the logs
+#                (then: ray job logs -f JOB_ID / ray job status JOB_ID / ray job stop JOB_ID)
+#   RAY_BIN      the `ray` executable (default: ray on PATH)
+#   extra args   dotted overrides passed to `compassplay run`, e.g. pipeline.steps=10
+#                run.output_dir=/mnt/runs (use shared storage on multi-node clusters)
+#
+# Run from the repository root: the current directory is uploaded as the job's working dir
+# (.gitignore is honoured; .venv, runs/ and .git are excluded explicitly too) and the driver
+# runs `compassplay run` on the head node with RAY_ADDRESS pointing at the cluster.
+# Clusters with token authentication (RAY_AUTH_MODE=token) need the token in RAY_AUTH_TOKEN or
+# ~/.ray/auth_token on this machine as well.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+
+RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
+CONFIG="${CONFIG:-configs/paper_coding_7b.yaml}"
+RAY_BIN="${RAY_BIN:-ray}"
+
+if [[ ! -f "$CONFIG" ]]; then
+  echo "error: config file not found: $CONFIG" >&2
+  exit 2
+fi
+
+RUNTIME_ENV='{"excludes": [".venv", "runs", ".git", ".pytest_cache", ".ruff_cache"],
+  "env_vars": {"PYTHONUNBUFFERED": "1"}}'
+
+flags=()
+if [[ "${NO_WAIT:-0}" == "1" ]]; then
+  flags+=(--no-wait)
+fi
+if [[ -n "${JOB_ID:-}" ]]; then
+  flags+=(--submission-id "$JOB_ID")
+fi
+
+exec "$RAY_BIN" job submit \
+  --address "$RAY_ADDRESS" \
+  --working-dir . \
+  --runtime-env-json "$RUNTIME_ENV" \
+  ${flags[@]+"${flags[@]}"} \
+  -- compassplay run --config "$CONFIG" "$@"

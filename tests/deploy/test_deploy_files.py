@@ -1,0 +1,279 @@
+"""Static checks of the deployment files: they parse, name real metrics, resources and configs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from compassplay.config import RunConfig, load_config
+from compassplay.metrics import RunMetrics
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+CLUSTER_YAML = REPO / "ray_cluster.yaml"
+CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
+PAPER_CONFIGS = [REPO / "configs" / "paper_coding_7b.yaml",
+                 REPO / "configs" / "baseline_difficulty_7b.yaml"]
+YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml"), CLUSTER_YAML])
+JSON_FILES = sorted(DEPLOY.rglob("*.json"))
+ROLES = ("proposer", "solver", "verifier", "scorer", "learner")
+BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
+VERIFIER_RESOURCES = {"python_verifier", "lean_verifier"}
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(REPO))
+
+
+def _yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
+
+
+def _kuberay_groups() -> dict[str, dict]:
+    """groupName -> {rayStartParams, minReplicas, ...} of raycluster.yaml (head as 'head')."""
+    spec = _yaml(DEPLOY / "kuberay" / "raycluster.yaml")["spec"]
+    return {"head": spec["headGroupSpec"], **{g["groupName"]: g for g in spec["workerGroupSpecs"]}}
+
+
+def _kuberay_resources(group: dict) -> dict[str, float]:
+    """rayStartParams.resources is a quoted JSON string: '"{\\"name\\": 1}"'."""
+    raw = group["rayStartParams"].get("resources")
+    return json.loads(raw.strip().strip('"').replace('\\"', '"')) if raw else {}
+
+
+def _node_types() -> dict[str, dict]:
+    return _yaml(CLUSTER_YAML)["available_node_types"]
+
+
+def _custom(res: dict) -> set[str]:
+    return set(res) - BUILTIN
+
+
+# ----------------------------------------------------------------------------- parsing
+def test_deploy_files_exist():
+    for name in ("kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "prometheus/prometheus.yml",
+                 "grafana/compassplay_dashboard.json", "submit_job.sh", "README.md"):
+        assert (DEPLOY / name).is_file(), name
+    assert len(CONFIGS) >= 4
+
+
+@pytest.mark.parametrize("path", YAML_FILES, ids=_rel)
+def test_yaml_parses(path):
+    docs = list(yaml.safe_load_all(path.read_text()))
+    assert docs and all(isinstance(d, dict) for d in docs)
+
+
+@pytest.mark.parametrize("path", JSON_FILES, ids=_rel)
+def test_json_parses(path):
+    assert isinstance(json.loads(path.read_text()), dict)
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_rel)
+def test_every_config_loads(path):
+    assert isinstance(load_config(path), RunConfig)
+
+
+def test_submit_script_is_valid_bash():
+    res = subprocess.run(["bash", "-n", str(DEPLOY / "submit_job.sh")], capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    text = (DEPLOY / "submit_job.sh").read_text()
+    assert "job submit" in text and '--address "$RAY_ADDRESS"' in text
+    assert '-- compassplay run --config "$CONFIG" "$@"' in text
+
+
+# ----------------------------------------------------------------------------- ray cluster
+def test_ray_cluster_yaml_passes_ray_schema():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    validate_config(prepare_config(_yaml(CLUSTER_YAML)))
+
+
+def test_ray_cluster_node_types():
+    cfg = _yaml(CLUSTER_YAML)
+    types = _node_types()
+    assert types[cfg["head_node_type"]]["resources"]["CPU"] == 0
+    assert types["gpu_worker"]["resources"]["GPU"] == 8
+    assert _custom(types["gpu_worker"]["resources"])
+    for name in VERIFIER_RESOURCES:
+        node = types[name]
+        assert node["resources"][name] >= 1 and node["resources"]["CPU"] > 0
+        assert node["min_workers"] == 0 and node["max_workers"] > 0
+    head_cmds = " ".join(cfg["head_start_ray_commands"])
+    assert "--metrics-export-port" in head_cmds and "--dashboard-host" in head_cmds
+    assert any("[gpu" in c for c in cfg["setup_commands"])
+
+
+def test_kuberay_cluster_matches_ray_cluster_yaml():
+    spec = _yaml(DEPLOY / "kuberay" / "raycluster.yaml")["spec"]
+    assert spec["enableInTreeAutoscaling"] is True
+    groups = _kuberay_groups()
+    assert groups["head"]["rayStartParams"]["num-cpus"] == "0"
+    kuberay = set().union(*(_custom(_kuberay_resources(g)) for g in groups.values()))
+    launcher = set().union(*(_custom(t.get("resources", {})) for t in _node_types().values()))
+    assert kuberay == launcher
+    for g in groups.values():
+        if _custom(_kuberay_resources(g)) & VERIFIER_RESOURCES:
+            assert g["minReplicas"] == 0 and g["maxReplicas"] > 0
+
+
+def test_documented_verifier_resources_match_node_types():
+    """`cluster.verifier.resources: {NAME: 1}` in the docs names exactly the verifier nodes."""
+    pattern = re.compile(r"cluster\.verifier\.resources:\s*\{\s*(\w+)\s*:")
+    documented = set()
+    for doc in (DEPLOY / "README.md", CLUSTER_YAML, DEPLOY / "kuberay" / "raycluster.yaml"):
+        found = set(pattern.findall(doc.read_text().replace("\n#", " ").replace("  ", " ")))
+        assert found, f"{_rel(doc)} documents no cluster.verifier.resources"
+        documented |= found
+    assert documented == VERIFIER_RESOURCES
+    advertised = {r for t in _node_types().values() for r in _custom(t.get("resources", {}))}
+    assert documented <= advertised
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=_rel)
+def test_config_resources_exist_on_some_node_type(path):
+    """Every actor's demand fits one worker node type, or Ray could never place it."""
+    cfg = load_config(path)
+    workers = [t["resources"] for name, t in _node_types().items() if name != "head"]
+    for role in ROLES:
+        res = getattr(cfg.cluster, role)
+        demand = {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.resources}
+        assert any(all(node.get(k, 0) >= v for k, v in demand.items() if v) for node in workers), \
+            f"{_rel(path)}: cluster.{role} {demand} fits no node type of ray_cluster.yaml"
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=_rel)
+def test_paper_config_learner_and_scorers_pack_on_one_gpu_node(path):
+    cfg = load_config(path)
+    c, n = cfg.cluster, cfg.scorer.num_scorers
+    assert c.placement == "pack_scorers_with_learner"
+    node = _node_types()["gpu_worker"]["resources"]
+    gpus = c.learner.num_gpus + n * c.scorer.num_gpus
+    cpus = c.learner.num_cpus + n * c.scorer.num_cpus
+    assert gpus <= node["GPU"] and cpus <= node["CPU"]
+    for name, amount in {**c.learner.resources}.items():
+        assert node[name] >= amount
+    # Everything GPU-side of one run fits one 8-GPU node.
+    assert gpus + c.proposer.num_gpus + c.solver.num_gpus <= node["GPU"]
+
+
+# ----------------------------------------------------------------------------- configs
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=_rel)
+def test_paper_configs(path):
+    cfg = load_config(path)
+    assert cfg.model.source == "hub" and cfg.model.name_or_path == "Qwen/Qwen2.5-Coder-7B"
+    assert cfg.model.dtype == "bfloat16"
+    assert cfg.proposer.engine == cfg.solver.engine == "vllm"
+    assert cfg.solver.n_samples == 8
+    assert set(cfg.task.types) == {"deduction", "abduction", "induction"}
+    assert cfg.learner.backend == "deepspeed" and cfg.learner.zero_stage == 3
+    assert cfg.scorer.num_scorers == 2 and cfg.pipeline.staleness == 1
+    assert cfg.pipeline.steps == 200 and cfg.logging.prometheus_port == 9400
+    assert cfg.reference.path == ""
+    assert cfg.cluster.verifier.resources == {"python_verifier": 1.0}
+    for role in ("proposer", "solver", "scorer", "learner"):
+        assert getattr(cfg.cluster, role).num_gpus >= 1
+
+
+def test_paper_and_baseline_differ_only_in_reward_and_name():
+    paper, base = (load_config(p).model_dump() for p in PAPER_CONFIGS)
+    assert paper["reward"]["kind"] == "cosine" and base["reward"]["kind"] == "difficulty"
+    for d in (paper, base):
+        d["reward"].pop("kind")
+        d["run"].pop("name")
+    assert paper == base
+
+
+def test_rayjob_runs_an_existing_config():
+    job = _yaml(DEPLOY / "kuberay" / "rayjob.yaml")
+    assert job["kind"] == "RayJob"
+    assert job["spec"]["clusterSelector"]["ray.io/cluster"] == \
+        _yaml(DEPLOY / "kuberay" / "raycluster.yaml")["metadata"]["name"]
+    entry = job["spec"]["entrypoint"].split()
+    assert entry[:2] == ["compassplay", "run"]
+    config = entry[entry.index("--config") + 1]
+    assert config == "configs/paper_coding_7b.yaml"
+    load_config(REPO / config, [a for a in entry[entry.index("--config") + 2:] if "=" in a])
+
+
+# ----------------------------------------------------------------------------- monitoring
+def test_prometheus_scrapes_ray_and_the_driver():
+    prom = _yaml(DEPLOY / "prometheus" / "prometheus.yml")
+    jobs = {j["job_name"]: j for j in prom["scrape_configs"]}
+    files = [f for sd in jobs["ray"]["file_sd_configs"] for f in sd["files"]]
+    assert files == ["/tmp/ray/prom_metrics_service_discovery.json"]
+    targets = [t for sc in jobs["compassplay"]["static_configs"] for t in sc["targets"]]
+    ports = {load_config(p).logging.prometheus_port for p in PAPER_CONFIGS}
+    assert {int(t.rsplit(":", 1)[1]) for t in targets} == ports
+
+
+def _exposed_names() -> dict[str, set[str]]:
+    """Family -> sample names as Prometheus scrapes them (counters _total, histograms _bucket...)."""
+    names = {}
+    for family in RunMetrics().registry.collect():
+        if family.type == "counter":
+            names[family.name] = {f"{family.name}_total", f"{family.name}_created"}
+        elif family.type == "histogram":
+            names[family.name] = {f"{family.name}_{s}" for s in ("bucket", "sum", "count",
+                                                                   "created")}
+        else:
+            names[family.name] = {family.name}
+    return names
+
+
+def _dashboard_queries(dash: dict) -> list[str]:
+    exprs = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, val in node.items():
+                if key in ("expr", "definition") and isinstance(val, str):
+                    exprs.append(val)
+                elif key == "query" and isinstance(val, str):
+                    exprs.append(val)
+                else:
+                    walk(val)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(dash)
+    return exprs
+
+
+def test_grafana_dashboard_uses_only_real_metrics():
+    dash = json.loads((DEPLOY / "grafana" / "compassplay_dashboard.json").read_text())
+    used = set()
+    for expr in _dashboard_queries(dash):
+        used |= set(re.findall(r"\bcompassplay_[a-z0-9_]+", expr))
+    by_family = _exposed_names()
+    exposed = set().union(*by_family.values())
+    assert used, "the dashboard queries no compassplay_* metric"
+    assert used <= exposed, f"not exported by compassplay.metrics: {sorted(used - exposed)}"
+    # Every metric of the registry has a panel.
+    missing = sorted(f for f, names in by_family.items() if not names & used)
+    assert not missing, f"metrics without a panel: {missing}"
+    ids = [p["id"] for p in dash["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_grafana_metric_names_appear_in_the_scraped_exposition():
+    """The same check against prometheus-client's real text output (labelled metrics set)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    m = RunMetrics()
+    m.stage_seconds.labels("propose").observe(1.0)
+    m.queue_depth.labels("steps").set(1)
+    m.verifier_runs.labels("ok").set(3)
+    m.solve_rate.observe(0.5)
+    text = generate_latest(m.registry).decode()
+    samples = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    dash = json.loads((DEPLOY / "grafana" / "compassplay_dashboard.json").read_text())
+    used = {n for e in _dashboard_queries(dash) for n in re.findall(r"\bcompassplay_[a-z0-9_]+", e)}
+    assert used <= samples, sorted(used - samples)
