@@ -141,6 +141,8 @@ class PipelineSection(Section):
 
 class LoggingSection(Section):
     prometheus_port: int = Field(0, ge=0, le=65535, description="0 = no HTTP endpoint")
+    prometheus_host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 for a "
+                                 "Prometheus on another host (e.g. a KubeRay head pod)")
     progress: bool = True
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -49,8 +49,8 @@ class RunMetrics:
                                      "steps resubmitted after an actor failure", registry=r)
         self._last_runs: tuple[float, int] | None = None
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, addr="127.0.0.1", registry=self.registry)
+    def serve(self, port: int, host: str = "127.0.0.1") -> None:
+        start_http_server(port, addr=host, registry=self.registry)
 
     def observe_step(self, s: StepStats) -> None:
         self.step.set(s.step)

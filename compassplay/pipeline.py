@@ -214,8 +214,8 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool = False,
     runlog = RunLog(run_dir, cfg, resume=resume)
     metrics = RunMetrics()
     if cfg.logging.prometheus_port:
-        metrics.serve(cfg.logging.prometheus_port)
-        log.info("prometheus metrics on http://127.0.0.1:%d/metrics",
+        metrics.serve(cfg.logging.prometheus_port, cfg.logging.prometheus_host)
+        log.info("prometheus metrics on http://%s:%d/metrics", cfg.logging.prometheus_host,
                  cfg.logging.prometheus_port)
     bar = tqdm(total=cfg.pipeline.steps, desc="self-play steps", disable=not cfg.logging.progress)
 

@@ -34,8 +34,9 @@ class StaleReferenceError(RuntimeError):
 
 @dataclass(frozen=True)
 class AlignmentScore:
-    """cosine: cos(g(x), g_ref) in [-1, 1] (0.0 if either is zero); inner: <g(x), g_ref>
-    (nats^2 per unit parameter^2); grad_norm: ||g(x)||. In the projected space if projecting."""
+    """cosine: cos(g(x), g_ref) in [-1, 1] (0.0 if either gradient is zero); inner:
+    <g(x), g_ref>; grad_norm: ||g(x)||; gradients of losses in nats w.r.t. the selected
+    parameters, all in the projected space when the scorer projects."""
 
     cosine: float
     inner: float
@@ -74,7 +75,7 @@ class GradientScorer:
 
     def __init__(self, model: nn.Module, params: ParamsSpec = "all", *,
                  max_batch_tokens: int = 16384, path: str = "auto",
-                 chunk_bytes: int = 256 << 20, weight_version: int = 0, pad_id: int = 0) -> None:
+                 chunk_bytes: int = 64 << 20, weight_version: int = 0, pad_id: int = 0) -> None:
         self.model = model
         globs, self.projection = parse_spec(params)
         self.params = select_params(model, globs)

@@ -51,7 +51,7 @@ class PerSampleEngine:
 
     def __init__(self, model: nn.Module, params: dict[str, nn.Parameter],
                  sketch: CountSketch | None = None, path: str = "auto",
-                 chunk_bytes: int = 256 << 20) -> None:
+                 chunk_bytes: int = 64 << 20) -> None:
         if path not in ("auto", "ghost", "materialize"):
             raise ValueError(f"path must be auto, ghost or materialize, got {path!r}")
         self.model, self.params, self.sketch, self.path = model, params, sketch, path
