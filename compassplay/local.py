@@ -75,6 +75,7 @@ class LocalExecutor:
                 result = self.learner.learn(props, batch, attempts, grades, shards)
                 self.sync()
                 self.runlog.write(result.stats)
+                self.runlog.write_samples(result.extra.get("samples", []))
                 out.append(result.stats)
                 log.info("step %d: %s", step, brief(result.stats))
                 if progress is not None:

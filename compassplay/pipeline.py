@@ -29,6 +29,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 
 from compassplay.actors.placement import ActorSet, create_actors
+from compassplay.batches import StepResult
 from compassplay.config import RunConfig
 from compassplay.metrics import RunMetrics
 from compassplay.records import StepStats
@@ -99,11 +100,13 @@ class Pipeline:
         return InFlight(step, batch, result)
 
     # ------------------------------------------------------------------------------- record
-    def _record(self, stats: StepStats) -> None:
+    def _record(self, result: StepResult) -> None:
+        stats = result.stats
         self.recorded.append(stats)
         self.recorded_at.append(time.perf_counter())
         if self.runlog is not None:
             self.runlog.write(stats)
+            self.runlog.write_samples(result.extra.get("samples", []))
         if self.metrics is not None:
             self.metrics.observe_step(stats)
             try:
@@ -170,7 +173,7 @@ class Pipeline:
                 pending.clear()
                 step = self._recover(oldest.step, exc)
                 continue
-            self._record(result.stats)
+            self._record(result)
         return self.recorded
 
 

@@ -206,7 +206,9 @@ class LearnerRole:
         ckpt = ""
         if is_checkpoint_step(self.cfg, props.step):
             ckpt = self._checkpoint(props, batch)
-        return StepResult(stats, self.weight_version, {"checkpoint": ckpt})
+        return StepResult(stats, self.weight_version,
+                          {"checkpoint": ckpt, "samples": stages.samples(props.step, batch.tasks,
+                                                                         scores)})
 
     def _checkpoint(self, props: Proposals, batch: Validated) -> str:
         if props.buffer_state is None:

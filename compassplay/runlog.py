@@ -13,6 +13,7 @@ from compassplay.config import RunConfig, dump_config
 from compassplay.records import StepStats
 
 METRICS_FILE = "metrics.jsonl"
+SAMPLES_FILE = "samples.jsonl"
 CONFIG_FILE = "config.yaml"
 LOG_FILE = "run.log"
 
@@ -39,8 +40,11 @@ class RunLog:
         with self.metrics_path.open("a") as f:
             f.write(stats.model_dump_json() + "\n")
 
-    def num_lines(self) -> int:
-        return len(read_metrics(self.metrics_path)) if self.metrics_path.exists() else 0
+    def write_samples(self, rows: list[dict]) -> None:
+        """Append the proposals of a step (text, validity, reward) for people to read."""
+        with (self.run_dir / SAMPLES_FILE).open("a") as f:
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
 
     def rewind(self, keep: int, recent: list[StepStats]) -> None:
         """Keep the first `keep` metric lines, then append `recent` (restore from a checkpoint:

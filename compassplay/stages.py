@@ -257,3 +257,18 @@ def score_alignment(scorer, cands: list[Candidate]) -> dict[str, tuple[float, fl
         return {}
     res = scorer.score(candidate_examples(cands))
     return {c.task_id: (r.cosine, r.inner, r.grad_norm) for c, r in zip(cands, res, strict=True)}
+
+
+def samples(step: int, tasks: list[Task], scores: list[Score], max_chars: int = 4000
+            ) -> list[dict]:
+    """Human-readable rows for samples.jsonl: each proposal, its verdict and its reward."""
+    by_id = {s.task_id: s for s in scores}
+    rows = []
+    for t in tasks:
+        sc = by_id.get(t.task_id)
+        rows.append({"step": step, "task_id": t.task_id, "task_type": t.task_type,
+                     "valid": t.valid, "invalid_reason": t.invalid_reason,
+                     "solve_rate": sc.solve_rate if sc else None,
+                     "reward": sc.reward if sc else None, "cosine": sc.cosine if sc else None,
+                     "proposal": t.proposal.text[:max_chars] if t.proposal else ""})
+    return rows

@@ -37,6 +37,9 @@ def test_two_step_local_run_from_the_cli(tmp_path):
     assert "steps: 2" in (run / "config.yaml").read_text()
     assert "step 1" in (run / "run.log").read_text()
     assert (run / "checkpoints").is_dir()
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 18 and {s["step"] for s in samples} == {0, 1}
+    assert all(s["proposal"] and s["reward"] is not None for s in samples)
 
 
 @pytest.mark.slow
