@@ -9,10 +9,11 @@ All three run in one process on the same tiny random-weight causal LM and the sa
 
 Timings are medians over `--reps` rounds; each round runs the three in rotating order (the
 machine may be shared, so rounds alternate). Threads: `torch.set_num_threads(--threads)`, by
-default all cores torch sees. Memory: peak resident-set-size increase over the RSS just before
-the call (psutil, sampled every millisecond by a thread in a separate, untimed run). It counts
-everything the call allocates, including allocator caching, so treat it as approximate; CPU
-torch allocations are invisible to tracemalloc, hence RSS.
+default all cores torch sees. Memory: in a separate, untimed run under `torch.profiler`
+(profile_memory), the peak of live torch CPU tensor bytes allocated during the call (tensors
+that existed before are not counted; an op's temporaries freed inside the op count only by
+their net). CPU torch allocations are invisible to tracemalloc, and RSS deltas mostly measure
+the allocator's caching, hence the profiler.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 from collections.abc import Callable
 
@@ -81,29 +81,20 @@ def floor_step(model: torch.nn.Module, cands: list[Example]) -> None:
         torch.autograd.grad(loss, params)
 
 
-def peak_rss_mb(fn: Callable[[], object]) -> float:
-    """Peak RSS increase (MiB) while `fn` runs, sampled every millisecond."""
-    import psutil
+def peak_alloc_mb(fn: Callable[[], object]) -> float:
+    """Peak (MiB) of torch CPU tensor bytes allocated and still live during `fn`, from the
+    profiler's memory events (per-op net allocations and frees, in time order)."""
+    from torch.profiler import ProfilerActivity, profile
 
-    proc = psutil.Process()
-    base = proc.memory_info().rss
-    peak = [base]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.001)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    try:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    finally:
-        done.set()
-        th.join()
-    peak[0] = max(peak[0], proc.memory_info().rss)
-    return round((peak[0] - base) / 2**20, 1)
+    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
+                    if e.self_cpu_memory_usage)
+    cur = best = 0
+    for _, delta in events:
+        cur += delta
+        best = max(best, cur)
+    return round(best / 2**20, 1)
 
 
 def spearman(x: list[float], y: list[float]) -> float:
@@ -169,10 +160,11 @@ def run(args: argparse.Namespace) -> dict:
         "ratio": round(med["batched"] / med["naive"], 3),
         "floor_ratio": round(med["batched"] / med["floor"], 3),
         "max_abs_cos_err": err,
-        "peak_mem_batched_mb": peak_rss_mb(batched),
-        "peak_mem_floor_mb": peak_rss_mb(fns["floor"]),
-        "peak_mem_naive_mb": peak_rss_mb(naive),
-        "memory_method": "peak RSS increase over pre-call RSS, psutil sampled every 1 ms",
+        "peak_mem_batched_mb": peak_alloc_mb(batched),
+        "peak_mem_floor_mb": peak_alloc_mb(fns["floor"]),
+        "peak_mem_naive_mb": peak_alloc_mb(naive),
+        "memory_method": "peak live torch CPU allocations during the call (torch.profiler "
+                         "memory events; excludes tensors that existed before the call)",
         "layer_paths": _path_summary(scorer.layer_paths),
     }
     if not args.no_subspaces:
