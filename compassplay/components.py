@@ -37,8 +37,10 @@ def configure_torch(cfg: RunConfig) -> None:
 
 
 def make_sandbox(cfg: VerifierSection) -> PythonSandbox:
+    """A started sandbox pool (the caller closes it)."""
     return PythonSandbox(workers=cfg.workers, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb,
-                         max_output_bytes=cfg.max_output_bytes, isolation=cfg.isolation)
+                         max_output_bytes=cfg.max_output_bytes,
+                         isolation=cfg.isolation).start()
 
 
 def make_env(cfg: RunConfig, runner: CodeRunner | None) -> CodeEnvironment:

@@ -131,6 +131,11 @@ class LearnerSection(Section):
     micro_batch: int = Field(8, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     keep_last: int = Field(2, ge=1)
+    weight_sync: Literal["object_store", "nccl"] = Field(
+        "object_store", description="object_store: weights travel through Ray's object store "
+        "(CPU or GPU); nccl: bucketed NCCL broadcast from the learner to GPU generators/scorers "
+        "(GPU only, see deploy/README.md)")
+    sync_bucket_mb: int = Field(256, ge=1, description="nccl: bytes per broadcast bucket (MiB)")
 
 
 class PipelineSection(Section):

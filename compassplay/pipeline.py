@@ -10,6 +10,12 @@ StepResult. At most `staleness + 1` steps are in flight: with staleness 0 the ru
 synchronous and equals the local executor; with staleness 1 rollout of step k+1 overlaps scoring
 and learning of step k.
 
+With `learner.weight_sync=nccl` (GPU) the learner instead broadcasts each new version to the
+proposer, solver and scorers over an NCCL group (`compassplay.weight_channel`): the driver
+pairs `learner.broadcast(v)` with `receive(v)` on every receiver, submitted together right
+after `learn(k)`, so each receiver takes version v before its next stage call (staleness then
+acts as 0: a receiver's next rollout waits for the broadcast).
+
 Faults: verifier and scorer actors restart and Ray retries their in-flight calls (both are
 idempotent). A solver death fails the steps in flight, which are resubmitted. A proposer or
 learner death (they hold the task buffer and the optimizer) rolls back to the latest checkpoint.
@@ -35,6 +41,7 @@ from compassplay.metrics import RunMetrics
 from compassplay.records import StepStats
 from compassplay.roles import is_checkpoint_step, restored_buffer, restored_metrics
 from compassplay.runlog import RunLog
+from compassplay.weight_channel import check_weight_sync
 
 log = logging.getLogger(__name__)
 
@@ -60,20 +67,41 @@ class Pipeline:
         self.recorded_at: list[float] = []
         self.batches: dict[int, Any] = {}
         self.max_version = 0
+        self.nccl = cfg.learner.weight_sync == "nccl"
 
     # ------------------------------------------------------------------------------- weights
-    def _ask_weights(self, version: int) -> tuple[int, Any, Any]:
-        """(version, solver ref, proposer ref) of the learner's weights after its queued calls."""
+    def _ask_weights(self, version: int) -> tuple[int, list, list]:
+        """(version, [solver ref], [proposer ref]) of the learner's weights after its queued
+        calls; with nccl sync, broadcast them now and hand the stage calls no refs ([])."""
         learner = self.actors.learner
-        solver = learner.weights.remote("solver")
-        proposer = solver if self.cfg.learner.shared_model else learner.weights.remote("proposer")
         self.max_version = max(self.max_version, version)
+        if self.nccl:
+            learner.broadcast.remote(version)
+            for receiver in self._receivers():
+                receiver.receive.remote(version)
+            return version, [], []
+        solver = [learner.weights.remote("solver")]
+        proposer = solver if self.cfg.learner.shared_model else [learner.weights.remote("proposer")]
         return version, solver, proposer
 
     def _reset_weights(self, after_step: int, version: int) -> None:
+        if self.nccl:  # (re-)form the group: a restarted receiver has left the old one
+            self._init_sync()
         self.weights = {after_step: self._ask_weights(version)}
 
-    def _weights_for(self, step: int) -> tuple[int, Any, Any]:
+    def _receivers(self) -> list[Any]:
+        return [self.actors.proposer, self.actors.solver, *self.actors.scorers]
+
+    def _init_sync(self) -> None:
+        """Learner = rank 0, receivers = ranks 1..N; every member joins at once (collective)."""
+        learner, receivers = self.actors.learner, self._receivers()
+        addr, port = call_when_up(learner.sync_address)
+        world = len(receivers) + 1
+        ray.get([learner.init_sync.remote(addr, port, world)]
+                + [r.init_sync.remote(addr, port, rank, world)
+                   for rank, r in enumerate(receivers, start=1)])
+
+    def _weights_for(self, step: int) -> tuple[int, list, list]:
         """The weights rollout `step` uses: those after learn(step - staleness - 1)."""
         due = step - self.cfg.pipeline.staleness - 1
         keys = [k for k in self.weights if k <= due]
@@ -84,12 +112,12 @@ class Pipeline:
         a = self.actors
         v, w_solver, w_proposer = self._weights_for(step)
         props = a.proposer.propose.remote(step, self.batches.get(step - 1),
-                                          is_checkpoint_step(self.cfg, step), v, [w_proposer])
+                                          is_checkpoint_step(self.cfg, step), v, w_proposer)
         verifier = a.verifiers[step % len(a.verifiers)]
         batch = verifier.validate.remote(props)
-        attempts = a.solver.solve.remote(batch, v, [w_solver])
+        attempts = a.solver.solve.remote(batch, v, w_solver)
         grades = verifier.grade.remote(batch, attempts)
-        shards = [s.score.remote(batch, attempts, grades, v, [w_solver]) for s in a.scorers]
+        shards = [s.score.remote(batch, attempts, grades, v, w_solver) for s in a.scorers]
         result = a.learner.learn.remote(props, batch, attempts, grades, *shards)
         self.batches = {k: b for k, b in self.batches.items() if k >= step - 1}
         self.batches[step] = batch
@@ -211,8 +239,11 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool = False,
     """Run `cfg` on Ray (embedded or an existing cluster) and write run_dir like `local`.
 
     `on_pipeline` sees the Pipeline before it runs (benchmarks and fault tests use it)."""
+    import os
+
     from tqdm import tqdm
 
+    check_weight_sync(cfg, embedded=not (cfg.cluster.address or os.environ.get("RAY_ADDRESS")))
     init_ray(cfg)
     runlog = RunLog(run_dir, cfg, resume=resume)
     metrics = RunMetrics()

@@ -32,16 +32,23 @@ from compassplay.components import (
 )
 from compassplay.config import RunConfig, SamplingSection
 from compassplay.engines.factory import make_learner
+from compassplay.engines.vllm_generation import VLLMGenerationEngine
 from compassplay.models import load_model
 from compassplay.records import StepStats, Task
+from compassplay.weight_channel import NcclChannel, free_port, node_address, open_channel
 
 Weights = dict[str, torch.Tensor]
 
 
 class Versioned:
-    """Holds a weight version; `sync` loads newer weights into every engine it owns."""
+    """Holds a weight version; `sync` loads newer weights into every engine it owns.
+
+    With `learner.weight_sync=nccl` the role joins the learner's group once (`init_sync`) and
+    then takes each broadcast with `receive(version)`, which loads through `sync`."""
 
     weight_version: int = 0
+    cfg: RunConfig
+    channel: NcclChannel | None = None
 
     def sync(self, weights: Weights | None, version: int) -> None:
         """Load `weights` when `version` is newer than what this role holds."""
@@ -51,6 +58,19 @@ class Versioned:
 
     def load_weights(self, weights: Weights, version: int) -> None:  # pragma: no cover
         raise TypeError(f"{type(self).__name__} holds no weights")
+
+    def init_sync(self, addr: str, port: int, rank: int, world_size: int) -> None:
+        """Join the learner's weight-sync group as `rank` (collective with all members)."""
+        self.channel = open_channel(self.cfg, addr, port, rank, world_size,
+                                    version=self.weight_version)
+
+    def receive(self, version: int) -> int:
+        """Take the broadcast the learner is sending now as `version`; returns the version held."""
+        if self.channel is None:
+            raise RuntimeError("receive() before init_sync(): this role is not in the "
+                               "learner's weight-sync group (restarted actor?)")
+        self.sync(self.channel.receive(version), version)
+        return self.weight_version
 
 
 class _GeneratorRole(Versioned):
@@ -65,6 +85,21 @@ class _GeneratorRole(Versioned):
 
     def load_weights(self, weights: Weights, version: int) -> None:
         self.engine.load_weights(weights, version)
+
+    def init_sync(self, addr: str, port: int, rank: int, world_size: int) -> None:
+        if isinstance(self.engine, VLLMGenerationEngine):  # its worker joins (tp size 1)
+            self.engine.init_weight_broadcast(addr, port, rank, world_size)
+        else:
+            super().init_sync(addr, port, rank, world_size)
+
+    def receive(self, version: int) -> int:
+        if not isinstance(self.engine, VLLMGenerationEngine):
+            return super().receive(version)
+        # vLLM receives in its workers, loads in place and refuses older versions itself
+        self.engine.receive_weights_broadcast(version, src=0,
+                                              bucket_bytes=self.cfg.learner.sync_bucket_mb << 20)
+        self.weight_version = version
+        return version
 
 
 class ProposerRole(_GeneratorRole):
@@ -143,6 +178,8 @@ class LearnerRole:
     restores the latest checkpoint in its constructor.
     """
 
+    channel: NcclChannel | None = None  # learner.weight_sync=nccl, after init_sync
+
     def __init__(self, cfg: RunConfig, run_dir: str, restore: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
@@ -164,6 +201,22 @@ class LearnerRole:
 
     def weights(self, role: str = "solver") -> Weights:
         return self.learner.state_dict_for_sync(role)
+
+    # learner.weight_sync=nccl: the learner is rank 0 of the weight-sync group
+    def sync_address(self) -> tuple[str, int]:
+        """(this node's IP, a free port) for the group's store."""
+        return node_address(), free_port()
+
+    def init_sync(self, addr: str, port: int, world_size: int) -> None:
+        self.channel = open_channel(self.cfg, addr, port, 0, world_size)
+
+    def broadcast(self, version: int | None = None) -> int:
+        """Send the current (shared-model) weights as `version` (default: weight_version)."""
+        if self.channel is None:
+            raise RuntimeError("broadcast() before init_sync()")
+        version = self.weight_version if version is None else version
+        self.channel.send(self.weights("solver"), version)
+        return version
 
     def restore(self, min_version: int = 0) -> dict | None:
         """Reload the latest checkpoint (or the initial weights when there is none); weight

@@ -3,6 +3,9 @@
 Each actor owns one role object. Weights travel as an ObjectRef wrapped in a list (so Ray does
 not fetch them eagerly); an actor fetches them only when the offered version is newer than the
 one it holds, which also brings a restarted actor up to date on its next call.
+
+With `learner.weight_sync=nccl` the driver passes an empty list instead and the weights arrive
+by `receive(version)` calls paired with the learner's `broadcast` (see `pipeline.Pipeline`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ from compassplay.scorer_role import ScorerRole
 def _sync(role, version: int, wref: list) -> None:
     if wref and version > role.weight_version:
         role.sync(ray.get(wref[0]), version)
+    elif version > role.weight_version:  # nccl mode: the broadcast did not arrive
+        raise RuntimeError(f"step needs weight version {version} but this actor holds "
+                           f"{role.weight_version} and got no weights (restarted receiver?)")
 
 
 class _Shell:
@@ -44,8 +50,18 @@ class _Shell:
         return self.role.weight_version
 
 
+class _Receiver(_Shell):
+    """Generators and scorers: members of the learner's NCCL group (learner.weight_sync=nccl)."""
+
+    def init_sync(self, addr: str, port: int, rank: int, world_size: int) -> None:
+        self.role.init_sync(addr, port, rank, world_size)
+
+    def receive(self, version: int) -> int:
+        return self.role.receive(version)
+
+
 @ray.remote
-class ProposerActor(_Shell):
+class ProposerActor(_Receiver):
     def __init__(self, cfg: RunConfig) -> None:
         self.role = ProposerRole(cfg)
         self.incarnation()
@@ -60,7 +76,7 @@ class ProposerActor(_Shell):
 
 
 @ray.remote
-class SolverActor(_Shell):
+class SolverActor(_Receiver):
     def __init__(self, cfg: RunConfig) -> None:
         self.role = SolverRole(cfg)
         self.incarnation()
@@ -90,7 +106,7 @@ class VerifierActor(_Shell):
 
 
 @ray.remote
-class ScorerActor(_Shell):
+class ScorerActor(_Receiver):
     def __init__(self, cfg: RunConfig, shard: int, num_shards: int) -> None:
         self.role = ScorerRole(cfg, shard, num_shards)
         self.incarnation()
@@ -113,6 +129,15 @@ class LearnerActor(_Shell):
 
     def weights(self, role: str = "solver") -> dict:
         return self.role.weights(role)
+
+    def sync_address(self) -> tuple[str, int]:
+        return self.role.sync_address()
+
+    def init_sync(self, addr: str, port: int, world_size: int) -> None:
+        self.role.init_sync(addr, port, world_size)
+
+    def broadcast(self, version: int | None = None) -> int:
+        return self.role.broadcast(version)
 
     def steps_done(self) -> int:
         return self.role.steps_done

@@ -81,6 +81,12 @@ def _hf_load(path_or_id: str, dtype: torch.dtype, offline: bool):
 
 def load_local(path: str, dtype: torch.dtype):
     p = Path(path)
+    if not p.is_absolute() and not (p / "config.json").is_file():
+        # a relative path not found under the cwd: try it against the package root (the
+        # folder holding compassplay/), e.g. `compassplay/data/micro_warm` from any cwd
+        packaged = Path(__file__).resolve().parents[2] / p
+        if (packaged / "config.json").is_file():
+            p = packaged
     if not (p / "config.json").is_file():
         raise ModelNotFoundError(
             f"model.name_or_path: no HF model directory at '{p}' (expected config.json, "

@@ -4,18 +4,21 @@ A tiny random Qwen2 (byte tokenizer) never writes a parseable proposal, so micro
 valid task, no eligible candidate and no reward signal. This script supervised-fine-tunes one
 briefly on the shipped seed buffer so that, sampled at temperature ~1, it
 
-- re-emits well-formed proposals: for deduction/abduction it copies the reference program and
-  input shown in the proposer prompt (`proposer.num_references: 1`); for induction it writes
-  inputs and a message for the shown program (the seed's own inputs, or the seed input plus a
-  few deterministic mutations that the sandbox accepted);
+- re-emits well-formed proposals of a few training seeds (the `NUM_IO_SEEDS` shortest
+  deduction/abduction seeds and the induction seeds): a deduction/abduction proposer prompt
+  (`proposer.num_references: 1`) is answered with a copy of its reference when that is a
+  training seed, else with a fixed training seed; an induction prompt for a training program
+  with `INDUCTION_INPUTS` inputs (the seed's own, or its input plus deterministic mutations
+  that the sandbox accepted) and a short message;
 - answers solver prompts for those tasks right about half of the time: every solver prompt is
-  trained once on its gold answer and once on the gold answer of a different seed task, so
+  trained once on its gold answer and once on the gold answer of another training task, so
   solve rates land strictly between 0 and 1 and proposals become eligible.
 
 Every prompt is built exactly as a run builds it (`stages.chat_ids` over the environment's
 prompt text; targets are `stages.target_ids`), every training proposal is checked to parse
-with `CodeEnvironment.parse_proposal`, and the loss covers completion tokens only. Training is
-deterministic: seeded, one torch thread, a fixed batch order.
+with `CodeEnvironment.parse_proposal`, and the loss covers completion tokens only (the prompt
+runs without gradient, as a KV cache). Training is deterministic: seeded, one torch thread, a
+fixed batch order; `DEFAULT_STEPS` take ~2 CPU-minutes.
 
     python -m compassplay.models.warm_micro OUT_DIR [--steps N] [--seed S]
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import inspect
 import logging
 import math
 import random
@@ -47,10 +51,12 @@ log = logging.getLogger(__name__)
 
 WARM_MICRO_CONFIG = TinyModelConfig(arch="qwen2", hidden_size=128, num_layers=2, num_heads=4,
                                     num_kv_heads=2, intermediate_size=256, max_positions=2048)
-DEFAULT_STEPS = 900
-INDUCTION_INPUTS = 4            # inputs written for a buffer program without induction seed
-INDUCTION_MESSAGE = "Work out the rule from the examples."
-BATCH = {"propose_io": 2, "propose_induction": 4, "solve": 8}
+DEFAULT_STEPS = 1200
+INDUCTION_INPUTS = 3            # inputs per induction proposal (2 shown, 1 hidden)
+INDUCTION_MESSAGE = "Find the rule."
+NUM_IO_SEEDS = 8               # deduction/abduction seeds the model learns (the shortest)
+OTHER_PER_EPOCH = 8            # proposer prompts per epoch whose reference is not learned
+BATCH = {"propose_io": 2, "propose_io_other": 2, "propose_induction": 4, "solve": 8}
 PEAK_LR = 3e-3
 WARMUP = 30
 
@@ -105,29 +111,37 @@ def input_variants(text: str, n: int = 8) -> list[str]:
     return out
 
 
-def induction_tasks(env: CodeEnvironment, runner) -> list[Task]:
-    """One validated induction task per buffer program: a seed induction task keeps its own
-    inputs and message; any other program gets its seed input plus the first accepted mutations
-    (each mutation is run alone first, so one bad input cannot sink the others)."""
+def training_seeds(env: CodeEnvironment) -> tuple[list[Task], list[Task]]:
+    """The seed tasks the model learns to propose and solve: the `NUM_IO_SEEDS` shortest
+    deduction/abduction seeds (program + input + output) and every induction seed."""
     io = [t for t in env.buffer if t.task_type != "induction"]
+    io = sorted(io, key=lambda t: (len(t.program) + len(t.inputs[0]) + len(t.outputs[0]),
+                                   t.task_id))[:NUM_IO_SEEDS]
+    return io, [t for t in env.buffer if t.task_type == "induction"]
+
+
+def induction_tasks(env: CodeEnvironment, io: list[Task], ind: list[Task]) -> list[Task]:
+    """One validated induction proposal per training program, with `INDUCTION_MESSAGE`: an
+    induction seed keeps its first `INDUCTION_INPUTS` inputs; a deduction seed gets its input
+    plus the first accepted mutations (each mutation is run alone first, so one bad input
+    cannot sink the others)."""
     probes = [Task(task_id=f"probe-{i}-{j}", task_type="deduction", program=t.program,
                    inputs=[x]) for i, t in enumerate(io)
               for j, x in enumerate(input_variants(t.inputs[0]))]
-    ok = {p.task_id: p.inputs[0] for p in env.validate(probes) if p.valid}
+    ok = {p.task_id for p in env.validate(probes) if p.valid}
     tasks = []
     for i, t in enumerate(io):
-        extra = [ok[p.task_id] for p in probes
+        extra = [p.inputs[0] for p in probes
                  if p.task_id.startswith(f"probe-{i}-") and p.task_id in ok]
-        tasks.append(Task(task_id=f"warm-ind-{t.task_id}", task_type="induction",
+        tasks.append(Task(task_id=f"warm-{t.task_id}", task_type="induction",
                           program=t.program, inputs=[t.inputs[0]] + extra[:INDUCTION_INPUTS - 1],
                           message=INDUCTION_MESSAGE, seed_ids=[t.task_id]))
-    for t in env.buffer:
-        if t.task_type == "induction":
-            tasks.append(t.model_copy(update={"task_id": f"warm-ind-{t.task_id}",
-                                              "seed_ids": [t.task_id], "source": "proposed",
-                                              "valid": False, "outputs": []}))
+    for t in ind:
+        tasks.append(Task(task_id=f"warm-{t.task_id}", task_type="induction", program=t.program,
+                          inputs=t.inputs[:INDUCTION_INPUTS], message=INDUCTION_MESSAGE,
+                          seed_ids=[t.task_id]))
     checked = env.validate(tasks)
-    bad = [t.task_id for t in checked if not t.valid or len(t.inputs) < 2]
+    bad = [t.task_id for t in checked if not t.valid or len(t.inputs) < INDUCTION_INPUTS]
     if bad:
         raise RuntimeError(f"induction tasks failed validation: {bad}")
     return checked
@@ -168,22 +182,33 @@ def _distractor(task: Task, others: list[Task], env: CodeEnvironment) -> str:
     raise ValueError(f"no distractor for {task.task_id}")
 
 
-def sft_examples(env: CodeEnvironment, tokenizer, runner) -> list[Example]:
-    """Proposer and solver (prompt, completion) pairs over the whole seed buffer."""
+def sft_examples(env: CodeEnvironment, tokenizer) -> list[Example]:
+    """Proposer and solver (prompt, completion) pairs.
+
+    Proposer prompts show every deduction/abduction seed as the reference (as a run does);
+    the completion copies the reference when it is a training seed and is otherwise a fixed
+    training seed, so whatever reference a run shows, the model writes a training task.
+    """
     fmt, banned = env.cfg.answer_format, env.banned
-    io = [t for t in env.buffer if t.task_type != "induction"]
-    ind = induction_tasks(env, runner)
+    io, ind = training_seeds(env)
+    proposed_ind = induction_tasks(env, io, ind)
+    chosen = {t.task_id for t in io}
     out: list[Example] = []
-    for task_type in ("deduction", "abduction"):
-        for seed in io:
-            ref = seed.model_copy(update={"task_type": task_type})
-            text = io_proposal_text(ref)
-            _check_parses(env, task_type, text, seed, seed.inputs)
-            prompt = prompts.proposer_io_prompt(task_type, [ref], banned, fmt)
-            out.append(Example("propose_io", chat_ids(tokenizer, prompt),
-                               target_ids(tokenizer, text)))
+    for offset, task_type in enumerate(("deduction", "abduction")):
+        others = 0
+        for ref in (t for t in env.buffer if t.task_type != "induction"):
+            if ref.task_id in chosen:
+                kind, target = "propose_io", ref
+            else:
+                kind, target = "propose_io_other", io[(others + offset) % len(io)]
+                others += 1
+            text = io_proposal_text(target)
+            _check_parses(env, task_type, text, target, target.inputs)
+            shown = ref.model_copy(update={"task_type": task_type})
+            prompt = prompts.proposer_io_prompt(task_type, [shown], banned, fmt)
+            out.append(Example(kind, chat_ids(tokenizer, prompt), target_ids(tokenizer, text)))
     by_id = {t.task_id: t for t in env.buffer}
-    for task in ind:
+    for task in proposed_ind:
         seed = by_id[task.seed_ids[0]]
         text = induction_proposal_text(task)
         _check_parses(env, "induction", text, seed, task.inputs)
@@ -191,7 +216,7 @@ def sft_examples(env: CodeEnvironment, tokenizer, runner) -> list[Example]:
         out.append(Example("propose_induction", chat_ids(tokenizer, prompt),
                            target_ids(tokenizer, text)))
     solve_sets = [[t.model_copy(update={"task_type": tt}) for t in io]
-                  for tt in ("deduction", "abduction")] + [ind]
+                  for tt in ("deduction", "abduction")] + [proposed_ind + ind]
     for tasks in solve_sets:
         for task in tasks:
             prompt = chat_ids(tokenizer, env.solver_prompt(task))
@@ -207,23 +232,51 @@ def _batches(examples: list[Example], rng: random.Random) -> list[list[Example]]
     for kind, size in BATCH.items():
         mine = [e for e in examples if e.kind == kind]
         rng.shuffle(mine)
+        if kind == "propose_io_other":
+            mine = mine[:OTHER_PER_EPOCH]
         chunks += [mine[i:i + size] for i in range(0, len(mine), size)]
     rng.shuffle(chunks)
     return chunks
 
 
-def _collate(batch: list[Example], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded ids, attention mask and labels (-100 outside the completion)."""
-    n = max(len(e.prompt) + len(e.target) for e in batch)
-    ids = torch.full((len(batch), n), pad_id, dtype=torch.long)
-    labels = torch.full((len(batch), n), -100, dtype=torch.long)
-    mask = torch.zeros((len(batch), n), dtype=torch.long)
-    for r, e in enumerate(batch):
-        seq = e.prompt + e.target
-        ids[r, :len(seq)] = torch.tensor(seq)
-        labels[r, len(e.prompt):len(seq)] = torch.tensor(e.target)
-        mask[r, :len(seq)] = 1
-    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+def _cache_of(out):
+    """The KV cache of a forward output (`cache` in transformers >= 5, else past_key_values)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _forward_loss(model, batch: list[Example], pad_id: int) -> torch.Tensor:
+    """Mean cross-entropy over completion tokens.
+
+    The prompt (all but its last token) runs without gradient and is passed as the KV cache,
+    which makes a step ~2x cheaper; the completion, preceded by the last prompt token (whose
+    logits predict the first completion token), runs with gradient. Prompts are left-padded
+    and completions right-padded; positions count real tokens only, as in generation.
+    """
+    heads = [e.prompt[:-1] for e in batch]
+    tails = [e.prompt[-1:] + e.target for e in batch]
+    hp, tl = max(len(h) for h in heads), max(len(t) for t in tails)
+    hid = torch.full((len(batch), hp), pad_id, dtype=torch.long)
+    hmask = torch.zeros((len(batch), hp), dtype=torch.long)
+    tid = torch.full((len(batch), tl), pad_id, dtype=torch.long)
+    tmask = torch.zeros((len(batch), tl), dtype=torch.long)
+    labels = torch.full((len(batch), tl), -100, dtype=torch.long)
+    for r, (h, t) in enumerate(zip(heads, tails, strict=True)):
+        hid[r, hp - len(h):] = torch.tensor(h)
+        hmask[r, hp - len(h):] = 1
+        tid[r, :len(t)] = torch.tensor(t)
+        tmask[r, :len(t)] = 1
+        labels[r, :len(t) - 1] = torch.tensor(t[1:])
+    mask = torch.cat([hmask, tmask], dim=1)
+    pos = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        cache = _cache_of(model(input_ids=hid, attention_mask=hmask, position_ids=pos[:, :hp],
+                                   use_cache=True))
+    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    logits = model(input_ids=tid, attention_mask=mask, position_ids=pos[:, hp:],
+                   use_cache=False, **{arg: cache}).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
+                                             ignore_index=-100)
 
 
 def _lr(step: int, steps: int) -> float:
@@ -248,7 +301,7 @@ def train(model, examples: list[Example], pad_id: int, steps: int, seed: int,
         batch = queue.pop()
         for g in opt.param_groups:
             g["lr"] = _lr(step, steps)
-        loss = model(**_collate(batch, pad_id)).loss
+        loss = _forward_loss(model, batch, pad_id)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -276,7 +329,7 @@ def build_warm_micro(out_dir: Path, steps: int = DEFAULT_STEPS, seed: int = 0,
         with make_sandbox(VerifierSection(workers=2, timeout_s=2.0,
                                           isolation=isolation)).start() as runner:
             env = CodeEnvironment(task_cfg, runner, seed=seed, num_references=1)
-            examples = sft_examples(env, tok, runner)
+            examples = sft_examples(env, tok)
         log.info("%d SFT examples (%d completion tokens)", len(examples),
                  sum(len(e.target) for e in examples))
         torch.manual_seed(seed)
