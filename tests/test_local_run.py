@@ -13,6 +13,7 @@ from compassplay.local import LocalExecutor
 
 ROOT = Path(__file__).resolve().parent.parent
 MICRO = ROOT / "configs" / "micro.yaml"
+WARM = ROOT / "configs" / "micro_warm.yaml"
 REQUIRED = {"step", "proposals", "valid", "eligible", "solve_rate_mean", "reward_mean",
             "reward_std", "loss", "stage_seconds"}
 
@@ -45,8 +46,9 @@ def test_two_step_local_run_from_the_cli(tmp_path):
 @pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     """Crash after checkpoint 1 (simulated by deleting what came later), resume, compare."""
-    cfg = load_config(MICRO, ["pipeline.steps=4", "learner.checkpoint_every=2",
-                              "learner.keep_last=3", "logging.progress=false"])
+    cfg = load_config(WARM, ["pipeline.steps=4", "learner.checkpoint_every=2",
+                             "learner.keep_last=3", "logging.progress=false",
+                             "proposer.batch_size=2", "solver.seed_tasks_per_step=1"])
     run = tmp_path / "r"
     full = LocalExecutor(cfg, run).run()
     shutil.rmtree(run / "checkpoints" / "step_000003")
@@ -63,3 +65,4 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
         return {k: v for k, v in d.items() if k not in ("stage_seconds", "step_seconds")}
 
     assert [strip(r) for r in rows] == [strip(s.model_dump(mode="json")) for s in full]
+    assert sum(r["eligible"] for r in rows[2:]) > 0 and any(r["loss"] != 0 for r in rows[2:])

@@ -15,7 +15,10 @@ from compassplay.pipeline import run_pipeline
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
-MICRO = Path(__file__).resolve().parents[2] / "configs" / "micro.yaml"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+MICRO = CONFIGS / "micro.yaml"
+# the warm micro model writes valid tasks and solves some: rewards, scorer and learner see signal
+WARM = CONFIGS / "micro_warm.yaml"
 
 
 def metric_rows(path: Path) -> list[dict]:
@@ -31,11 +34,13 @@ def metric_rows(path: Path) -> list[dict]:
 
 FAST = ["proposer.batch_size=2", "solver.n_samples=2", "proposer.max_new_tokens=24",
         "solver.max_new_tokens=16", "logging.progress=false"]
+WARM_FAST = ["proposer.batch_size=2", "solver.n_samples=4", "solver.seed_tasks_per_step=1",
+             "logging.progress=false"]
 
 
 def test_staleness_0_equals_local_executor(tmp_path, ray_local):
-    cfg = load_config(MICRO, FAST + ["pipeline.steps=3", "pipeline.staleness=0",
-                                     "learner.checkpoint_every=2"])
+    cfg = load_config(WARM, WARM_FAST + ["pipeline.steps=3", "pipeline.staleness=0",
+                                         "learner.checkpoint_every=2"])
     LocalExecutor(cfg, tmp_path / "local").run()
     run_pipeline(cfg, tmp_path / "ray")
     local, distributed = metric_rows(tmp_path / "local/metrics.jsonl"), \
@@ -43,6 +48,9 @@ def test_staleness_0_equals_local_executor(tmp_path, ray_local):
     assert [r["step"] for r in distributed] == [0, 1, 2]
     assert local == distributed
     assert [r["weight_version"] for r in distributed] == [1, 2, 3]
+    # the comparison is not vacuous: tasks were valid, scored and learned from
+    assert sum(r["eligible"] for r in distributed) > 0
+    assert any(r["loss"] != 0.0 for r in distributed)
 
 
 def _kill_after_first_step(role: str):
@@ -67,8 +75,8 @@ def _kill_after_first_step(role: str):
 
 @pytest.mark.parametrize("role", ["verifier", "scorer", "solver", "proposer", "learner"])
 def test_actor_killed_mid_run_completes_with_exact_step_accounting(tmp_path, ray_local, role):
-    cfg = load_config(MICRO, FAST + ["pipeline.steps=4", "pipeline.staleness=1",
-                                     "learner.checkpoint_every=1", f"run.name=kill-{role}"])
+    cfg = load_config(WARM, WARM_FAST + ["pipeline.steps=4", "pipeline.staleness=1",
+                                         "learner.checkpoint_every=1", f"run.name=kill-{role}"])
     pipe = run_pipeline(cfg, tmp_path / role, on_pipeline=_kill_after_first_step(role))
     assert pipe.killed == [0]
     rows = metric_rows(tmp_path / role / "metrics.jsonl")
