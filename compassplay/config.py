@@ -57,6 +57,8 @@ class SamplingSection(Section):
     temperature: float = Field(1.0, gt=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] = Field(default_factory=list)
+    prefill: bool = Field(False, description="start each reply with the format's opening "
+                          "(e.g. ```python) after the prompt; the policy learns the rest")
 
 
 class ProposerSection(SamplingSection):

@@ -56,21 +56,35 @@ class Proposals:
     seed_tasks: list[Task]
 
 
+def prefix_of(env: CodeEnvironment, cfg: RunConfig, role: str, task_type: str) -> str:
+    """The prefilled reply opening of `role` ('' unless proposer/solver.prefill)."""
+    section = cfg.proposer if role == "proposer" else cfg.solver
+    return env.response_prefix(role, task_type) if section.prefill else ""
+
+
+def prompt_ids(tokenizer, text: str, prefix: str) -> list[int]:
+    """Chat prompt ids followed by the prefilled reply opening (part of the prompt: the
+    policy is trained on, and the scorer differentiates, only what comes after it)."""
+    ids = chat_ids(tokenizer, text)
+    return ids + tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
+
+
 def propose(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
             step: int) -> Proposals:
     """Sample proposals for every task type (batch_size each) and parse them (never raises)."""
     rng = random.Random(stage_seed(cfg.run.seed, step, "propose"))
     prompts, meta = [], []
     for task_type in cfg.task.types:
+        prefix = prefix_of(env, cfg, "proposer", task_type)
         for i in range(cfg.proposer.batch_size):
             text, seed_ids = env.proposer_prompt(task_type, rng)
-            prompts.append(chat_ids(tokenizer, text))
-            meta.append((task_type, seed_ids, f"s{step}-{task_type}-{i}"))
+            prompts.append(prompt_ids(tokenizer, text, prefix))
+            meta.append((task_type, prefix, seed_ids, f"s{step}-{task_type}-{i}"))
     params = SamplingParams.from_section(cfg.proposer, seed=stage_seed(cfg.run.seed, step, "gen-p"))
     gens = engine.generate(prompts, params)
     tasks = []
-    for gen, (task_type, seed_ids, task_id) in zip(gens, meta, strict=True):
-        task = env.parse_proposal(task_type, gen.text, seed_ids, task_id)
+    for gen, (task_type, prefix, seed_ids, task_id) in zip(gens, meta, strict=True):
+        task = env.parse_proposal(task_type, prefix + gen.text, seed_ids, task_id)
         seed = env.buffer.get(seed_ids[0]) if seed_ids else None
         tasks.append(task.model_copy(update={
             "proposal": gen, "seed_program": seed.program if seed else ""}))
@@ -89,7 +103,9 @@ def solve(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunCon
           tasks: list[Task], step: int) -> list[Attempt]:
     """n_samples attempts per task (tasks must be valid), in task order then sample order."""
     n = cfg.solver.n_samples
-    prompts = [chat_ids(tokenizer, env.solver_prompt(t)) for t in tasks for _ in range(n)]
+    prefixes = [prefix_of(env, cfg, "solver", t.task_type) for t in tasks]
+    prompts = [prompt_ids(tokenizer, env.solver_prompt(t), p)
+               for t, p in zip(tasks, prefixes, strict=True) for _ in range(n)]
     if not prompts:
         return []
     params = SamplingParams.from_section(cfg.solver, seed=stage_seed(cfg.run.seed, step, "gen-s"))
@@ -97,7 +113,7 @@ def solve(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunCon
     attempts = []
     for k, gen in enumerate(gens):
         task = tasks[k // n]
-        att = env.parse_attempt(task, gen.text, k % n)
+        att = env.parse_attempt(task, prefixes[k // n] + gen.text, k % n)
         attempts.append(att.model_copy(update={"generation": gen}))
     return attempts
 
@@ -139,9 +155,12 @@ def build_candidates(env: CodeEnvironment, tokenizer, cfg: RunConfig, tasks: lis
                            has_solution=solution is not None):
             continue
         kind = cfg.reward.novelty_tokenizer
+        prefix = prefix_of(env, cfg, "solver", task.task_type)
+        if prefix and solution.startswith(prefix):  # a gold rendering includes the opening
+            solution = solution[len(prefix):]
         out.append(Candidate(
             task_id=task.task_id, task_type=task.task_type, solve_rate=rates[task.task_id],
-            prompt_ids=chat_ids(tokenizer, env.solver_prompt(task)),
+            prompt_ids=prompt_ids(tokenizer, env.solver_prompt(task), prefix),
             target_ids=target_ids(tokenizer, solution),
             novelty_tokens=novelty_tokens(tokenizer, task.program, kind),
             seed_tokens=novelty_tokens(tokenizer, task.seed_program, kind)))

@@ -144,3 +144,25 @@ def test_soar_rewards_are_one_value_per_group(setup):
         RewardSection(kind="soar"), tasks, verdicts, cands, {}, utility)}
     assert scores["p0"].reward == utility["p0"] != 0.0
     assert scores["p1"].reward == 0.0 and scores["p3"].reward == -1.0
+
+
+def test_prefill_is_part_of_the_prompt_not_of_the_target(setup):
+    _, env, tasks, _, _, _, _ = setup
+    cfg = load_config(None, ["task.types=[deduction]", "solver.prefill=true",
+                             "task.verified_solution=gold"])
+    _, tok = load_model(cfg.model, seed=0)
+    task = tasks[0]
+    prefix = env.response_prefix("solver", "deduction")
+    assert prefix == "```output\n"
+    assert env.response_prefix("proposer", "induction") == "```input\n"
+    # the solver writes only what follows the prefilled opening; it still parses
+    gold = env.gold_answer_text(task)
+    att = env.parse_attempt(task, prefix + gold[len(prefix):], 0)
+    assert att.answer and not att.parse_error
+    verdicts = stages.grade(env, [task], [att, att.model_copy(update={"index": 1,
+                                                                      "answer": "'x'"})])
+    cands = stages.build_candidates(env, tok, cfg, [task], [att, att], verdicts)
+    assert len(cands) == 1
+    pre_ids = tok.encode(prefix, add_special_tokens=False)
+    assert cands[0].prompt_ids[-len(pre_ids):] == pre_ids
+    assert tok.decode(cands[0].target_ids[:-1]) == gold[len(prefix):]

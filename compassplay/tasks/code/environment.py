@@ -119,6 +119,16 @@ class CodeEnvironment:
         """Validated copies (valid, invalid_reason, gold outputs); one run_many per call."""
         return validate_tasks(tasks, self.runner, self.banned, self.counters)
 
+    # ----------------------------------------------------------------- prefixes
+    def response_prefix(self, role: str, task_type: str) -> str:
+        """The opening of a well-formed reply, to prefill after the chat prompt (small models
+        follow the format far more often when it is started for them). '' for think_answer."""
+        if self.cfg.answer_format != "fenced":
+            return ""
+        if role == "proposer":
+            return "```input\n" if task_type == "induction" else "```python\ndef f("
+        return f"```{ANSWER_KIND[task_type][1]}\n"
+
     # ------------------------------------------------------------------- solver
     def solver_prompt(self, task: Task) -> str:
         """Solver user message for a valid task."""
