@@ -27,6 +27,25 @@ log = logging.getLogger(__name__)
 UNSAFE_OPT_OUT = "none-UNSAFE-trusted-local-debugging-only"
 ISOLATION_MODES = ("bwrap", UNSAFE_OPT_OUT)
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
+SECCOMP_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "sandbox_seccomp.py")
+
+
+def worker_bootstrap() -> str:
+    """`python -c` source that runs the zygote with its seccomp module preloaded.
+
+    The code travels on the command line, not as a path: the package may live under a folder
+    the sandbox hides (a checkout under /tmp, which is a private tmpfs inside)."""
+    with open(SECCOMP_SCRIPT) as f:
+        seccomp = f.read()
+    with open(WORKER_SCRIPT) as f:
+        worker = f.read()
+    return (
+        "import sys, types\n"
+        "m = types.ModuleType('sandbox_seccomp')\n"
+        f"exec(compile({seccomp!r}, 'sandbox_seccomp.py', 'exec'), m.__dict__)\n"
+        "sys.modules['sandbox_seccomp'] = m\n"
+        f"exec(compile({worker!r}, 'sandbox_worker.py', 'exec'), {{'__name__': '__main__'}})\n"
+    )
 ZYGOTE_CAPS = (
     "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER",
     "CAP_NET_ADMIN", "CAP_SYS_PTRACE",
@@ -125,7 +144,7 @@ def bwrap_prefix(tmpfs_mb: int = 64) -> list[str]:
 
 def worker_command(mode: str, cfg: dict, tmpfs_mb: int) -> list[str]:
     """Full command line that starts one zygote."""
-    zygote = [interpreter(), "-I", "-S", "-B", WORKER_SCRIPT, json.dumps(cfg)]
+    zygote = [interpreter(), "-I", "-S", "-B", "-c", worker_bootstrap(), json.dumps(cfg)]
     if mode == UNSAFE_OPT_OUT:
         return zygote
     return bwrap_prefix(tmpfs_mb) + ["--chdir", "/tmp", "--"] + zygote
