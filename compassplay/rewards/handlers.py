@@ -7,6 +7,7 @@ the module input; a tensor hook on its output receives `b = dL/d out` during the
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -52,7 +53,7 @@ class _Pass:
         return self.acc[group]
 
 
-class _Handler:
+class _Handler(ABC):
     """Base: one module whose direct parameters (all or some) are selected."""
 
     def __init__(self, engine: PerSampleEngine, name: str, module: nn.Module,
@@ -96,8 +97,9 @@ class _Handler:
     def save(self, st: _Pass, x: torch.Tensor):
         return x.detach()
 
+    @abstractmethod
     def backward(self, st: _Pass, ctx, b: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Accumulate this layer's per-sample partials from its saved input and output grad."""
 
     # shared helpers -------------------------------------------------------------------------
     def add(self, st: _Pass, sl: slice, name: str, grads: torch.Tensor) -> None:

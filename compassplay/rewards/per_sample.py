@@ -151,5 +151,5 @@ def _input_embeddings(model: nn.Module) -> nn.Module | None:
     get = getattr(model, "get_input_embeddings", None)
     try:
         return get() if callable(get) else None
-    except Exception:  # some models raise NotImplementedError
+    except Exception:  # noqa: BLE001  (models without input embeddings raise here)
         return None

@@ -19,13 +19,7 @@ import struct
 import sys
 import time
 
-if "sandbox_seccomp" not in sys.modules:  # started as a file (tests); else preloaded by -c
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import sandbox_seccomp  # noqa: E402
-
-    sys.path.pop(0)
-else:
-    sandbox_seccomp = sys.modules["sandbox_seccomp"]
+sandbox_seccomp = sys.modules["sandbox_seccomp"]  # preloaded by isolation.worker_bootstrap
 
 # Warm imports: the forked child finds these already loaded.
 import bisect  # noqa: E402,F401
