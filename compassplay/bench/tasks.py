@@ -47,7 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure SmolLM2-135M proposal validity and solve rate")
     parser.add_argument("--n", type=int, default=64, help="--smollm2: proposals/tasks per type")
     parser.add_argument("--batch", type=int, default=16, help="--smollm2: generation batch")
-    parser.add_argument("--max-new-tokens", type=int, default=320)
+    parser.add_argument("--max-new-tokens", type=int, default=256, help="--smollm2: proposals")
+    parser.add_argument("--solver-max-new-tokens", type=int, default=64)
+    parser.add_argument("--no-prefill", dest="prefill", action="store_false",
+                        help="--smollm2: do not prefill the reply format (default: prefill)")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -122,13 +125,14 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def _generate(engine, tok, prompts: list[str], args: argparse.Namespace, seed: int) -> list:
+def _generate(engine, tok, prompts: list[str], prefix: str, max_new_tokens: int,
+              args: argparse.Namespace, seed: int) -> list:
+    """Completions (after the prefilled `prefix`) built exactly as the self-play stages do."""
     from compassplay.engines.base import SamplingParams
+    from compassplay.stages import prompt_ids
 
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                     add_generation_prompt=True) for p in prompts]
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    ids = [prompt_ids(tok, p, prefix) for p in prompts]
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,
                             top_p=0.95, seed=seed)
     out = []
     for i in range(0, len(ids), args.batch):
@@ -148,7 +152,8 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     model, tok = load_model(ModelSection(source="smollm2-gguf"))
     engine = HFGenerationEngine(model, tok)
     res: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "n": args.n,
-                           "max_new_tokens": args.max_new_tokens,
+                           "max_new_tokens": args.max_new_tokens, "prefill": args.prefill,
+                           "solver_max_new_tokens": args.solver_max_new_tokens,
                            "temperature": args.temperature}
     with _make_runner(args) as sb:
         env = CodeEnvironment(TaskSection(), sb, seed=args.seed)
@@ -156,16 +161,20 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
             rng = random.Random(args.seed + k)
             t0 = time.perf_counter()
             shown = [env.proposer_prompt(tt, rng) for _ in range(args.n)]
-            gens = _generate(engine, tok, [p for p, _ in shown], args, args.seed + k)
-            props = [env.parse_proposal(tt, g.text, ids, f"{tt}-{i}")
+            pre = env.response_prefix("proposer", tt) if args.prefill else ""
+            gens = _generate(engine, tok, [p for p, _ in shown], pre, args.max_new_tokens, args,
+                             args.seed + k)
+            props = [env.parse_proposal(tt, pre + g.text, ids, f"{tt}-{i}")
                      for i, ((_, ids), g) in enumerate(zip(shown, gens, strict=True))]
             checked = env.validate(props)
             tasks = env.buffer.pool(tt)
             tasks = [rng.choice(tasks).model_copy(update={"task_type": tt})
                      for _ in range(args.n)]
-            sgens = _generate(engine, tok, [env.solver_prompt(t) for t in tasks], args,
-                              args.seed + 100 + k)
-            atts = [env.parse_attempt(t, g.text, 0) for t, g in zip(tasks, sgens, strict=True)]
+            spre = env.response_prefix("solver", tt) if args.prefill else ""
+            sgens = _generate(engine, tok, [env.solver_prompt(t) for t in tasks], spre,
+                              args.solver_max_new_tokens, args, args.seed + 100 + k)
+            atts = [env.parse_attempt(t, spre + g.text, 0)
+                    for t, g in zip(tasks, sgens, strict=True)]
             verdicts = env.grade(list(zip(tasks, atts, strict=True)))
             res[tt] = {"valid_fraction": sum(t.valid for t in checked) / len(checked),
                        "solve_rate": sum(v.correct for v in verdicts) / len(verdicts),
