@@ -14,7 +14,6 @@ from compassplay.config import (
     ConfigError,
     RunConfig,
     SamplingSection,
-    ScorerSection,
     VerifierSection,
 )
 from compassplay.engines.base import GenerationEngine
@@ -22,7 +21,6 @@ from compassplay.engines.factory import make_generation_engine
 from compassplay.engines.hf_generation import HFGenerationEngine
 from compassplay.reference import load_reference
 from compassplay.rewards.batch import Example
-from compassplay.rewards.gradient import GradientScorer
 from compassplay.stages import reference_examples
 from compassplay.tasks.code import CodeEnvironment, CodeRunner
 from compassplay.verifiers.python_sandbox import PythonSandbox
@@ -57,12 +55,6 @@ def scorer_params(spec: str):
     if spec.startswith("proj:"):
         return {"kind": "projection", "dim": int(spec.split(":", 1)[1]), "seed": 0}
     return [g.strip() for g in spec.split(",") if g.strip()]
-
-
-def make_scorer(cfg: ScorerSection, model: torch.nn.Module, pad_id: int) -> GradientScorer:
-    """A scorer on its own copy of the weights (synced from the learner by version)."""
-    return GradientScorer(copy.deepcopy(model), params=scorer_params(cfg.params),
-                          pad_id=pad_id)
 
 
 def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Module,

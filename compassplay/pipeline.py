@@ -51,7 +51,6 @@ class InFlight:
     """The refs of one submitted step."""
 
     step: int
-    batch: Any
     result: Any
 
 
@@ -125,7 +124,7 @@ class Pipeline:
         self.weights[step] = self._ask_weights(self.weights[newest][0] + 1)
         horizon = step - self.cfg.pipeline.staleness - 1
         self.weights = {k: w for k, w in self.weights.items() if k >= horizon or k == step}
-        return InFlight(step, batch, result)
+        return InFlight(step, result)
 
     # ------------------------------------------------------------------------------- record
     def _record(self, result: StepResult) -> None:

@@ -49,7 +49,7 @@ def target_ids(tokenizer, text: str) -> list[int]:
 
 
 @dataclass
-class Proposals:
+class ProposalSet:
     """What `propose` returns: parsed proposals and the buffer tasks the solver also attempts."""
 
     tasks: list[Task]
@@ -70,7 +70,7 @@ def prompt_ids(tokenizer, text: str, prefix: str) -> list[int]:
 
 
 def propose(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
-            step: int) -> Proposals:
+            step: int) -> ProposalSet:
     """Sample proposals for every task type (batch_size each) and parse them (never raises)."""
     rng = random.Random(stage_seed(cfg.run.seed, step, "propose"))
     prompts, meta = [], []
@@ -89,7 +89,7 @@ def propose(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunC
         tasks.append(task.model_copy(update={
             "proposal": gen, "seed_program": seed.program if seed else ""}))
     seed_tasks = env.buffer.sample(cfg.solver.seed_tasks_per_step, rng)
-    return Proposals(tasks=tasks, seed_tasks=seed_tasks)
+    return ProposalSet(tasks=tasks, seed_tasks=seed_tasks)
 
 
 def validate(env: CodeEnvironment, tasks: list[Task]) -> list[Task]:

@@ -1,4 +1,4 @@
-"""Stand-ins for tests and the micro benchmark: a byte-level tokenizer and a seeded tiny LM.
+"""Stand-ins for tests and the micro benchmark: a seeded tiny LM and on-policy trajectories.
 
 (`compassplay.models.load_model` is the production path; these need no files or network.)
 """
@@ -8,13 +8,6 @@ from __future__ import annotations
 import torch
 
 from compassplay.records import Generation, Trajectory
-
-
-def byte_tokenizer():
-    """The project's byte-level tokenizer (`compassplay.models.byte_tokenizer`)."""
-    from compassplay.models.byte_tokenizer import build_byte_tokenizer
-
-    return build_byte_tokenizer()
 
 
 def tiny_causal_lm(vocab_size: int = 260, seed: int = 0, hidden_size: int = 64,

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from compassplay.config import LearnerSection
-from compassplay.engines.tiny import byte_tokenizer, tiny_causal_lm
+from compassplay.engines.tiny import tiny_causal_lm
+from compassplay.models.byte_tokenizer import build_byte_tokenizer
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    return byte_tokenizer()
+    return build_byte_tokenizer()
 
 
 @pytest.fixture

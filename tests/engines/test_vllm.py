@@ -11,7 +11,8 @@ import torch
 from compassplay.config import ConfigError
 from compassplay.engines import SamplingParams, make_generation_engine
 from compassplay.engines.logprobs import pack, token_logprobs
-from compassplay.engines.tiny import byte_tokenizer, tiny_causal_lm
+from compassplay.engines.tiny import tiny_causal_lm
+from compassplay.models.byte_tokenizer import build_byte_tokenizer
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 GPU = HAS_VLLM and torch.cuda.is_available()
@@ -36,7 +37,7 @@ def test_vllm_generate_update_sleep(tmp_path):
 
     model = tiny_causal_lm(seed=0, hidden_size=128)
     model.save_pretrained(tmp_path)
-    byte_tokenizer().save_pretrained(tmp_path)
+    build_byte_tokenizer().save_pretrained(tmp_path)
     eng = VLLMGenerationEngine(str(tmp_path), dtype="float32", gpu_memory_utilization=0.2,
                                enable_sleep_mode=True, enforce_eager=True)
     p = SamplingParams(max_new_tokens=8, temperature=0.8, seed=1)
