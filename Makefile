@@ -8,8 +8,8 @@ STAMP  := $(VENV)/.compassplay-installed
 
 .PHONY: setup sysdeps run test lint bench clean
 
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(STAMP): pyproject.toml deploy/make_venv.sh
+	bash deploy/make_venv.sh $(PYTHON) $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
 	$(BIN)/pip install -q -e '.[dev]'

