@@ -14,22 +14,16 @@ from pathlib import Path
 
 from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
-from compassplay.interrupt import EXIT_CODE
+from compassplay.run.interrupt import EXIT_CODE
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline")
 
 
-def _default_config() -> str:
-    for cand in (Path("configs/default.yaml"), DEFAULT_CONFIG):
-        if cand.is_file():
-            return str(cand)
-    return ""
-
-
 def _add_run(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run self-play (default: configs/default.yaml)")
-    p.add_argument("--config", default=None, help="YAML config file")
+    p = sub.add_parser("run", help="run self-play (default: the shipped config 'default')")
+    p.add_argument("--config", default=None,
+                   help="YAML config file, or a shipped config by name (micro, micro_warm, "
+                        "default, paper_coding_7b, ...)")
     p.add_argument("--executor", choices=["local", "ray"], default="ray",
                    help="local: one process, synchronous; ray: actors (default)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
@@ -72,14 +66,14 @@ def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from compassplay.launch import launch_run
+    from compassplay.run.launch import launch_run
 
     config_path = args.config
     if config_path is None and args.resume:
         config_path = str(Path(args.resume) / "config.yaml")
     if config_path is None:
-        config_path = _default_config()
-    cfg = load_config(config_path or None, args.overrides)
+        config_path = "default"  # the shipped default (compassplay/configs/default.yaml)
+    cfg = load_config(config_path, args.overrides)
     run_dir = launch_run(cfg, executor=args.executor, resume=args.resume)
     print(f"run finished: {run_dir}")
     return 0
@@ -112,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "bench":
             return _bench(args)
         if args.cmd == "plot":
-            from compassplay.plot import plot_run
+            from compassplay.run.plot import plot_run
 
             print(plot_run(args.run_dir, args.out))
             return 0

@@ -226,14 +226,35 @@ def _format_errors(err: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "configs"
+
+
+def shipped_configs() -> list[str]:
+    """Names of the configs that ship inside the package (`--config NAME`)."""
+    return sorted(p.stem for p in SHIPPED_CONFIGS.glob("*.yaml"))
+
+
+def resolve_config(path: str | Path) -> Path:
+    """A YAML file path, or the name of a shipped config ('micro', 'default', or the old
+    'configs/micro.yaml' spelling): the file exists in a clone and in an installed wheel."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    name = p.name[: -len(".yaml")] if p.name.endswith(".yaml") else p.name
+    shipped = SHIPPED_CONFIGS / f"{name}.yaml"
+    if p.parent in (Path("."), Path("configs")) and shipped.is_file():
+        return shipped
+    raise ConfigError(f"config file not found: {p} (shipped configs, usable by name: "
+                      f"{', '.join(shipped_configs())})")
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
-    """Load a RunConfig from YAML `path` (None = all defaults) plus `overrides` 'a.b=value'."""
+    """Load a RunConfig from YAML `path` or a shipped config's name (None = all defaults)
+    plus `overrides` 'a.b=value'."""
     source = str(path) if path else "<defaults>"
     data: dict[str, Any] = {}
     if path:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file not found: {p}")
+        p = resolve_config(path)
         try:
             loaded = yaml.safe_load(p.read_text())
         except yaml.YAMLError as exc:

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Submit a CompassPlay run to a Ray cluster as a Ray job.
 #
-#   RAY_ADDRESS=http://127.0.0.1:8265 CONFIG=configs/paper_coding_7b.yaml \
+#   RAY_ADDRESS=http://127.0.0.1:8265 CONFIG=paper_coding_7b \
 #     deploy/submit_job.sh [KEY=VALUE ...]
 #
 #   RAY_ADDRESS  the cluster's dashboard / Jobs API (default http://127.0.0.1:8265; for
 #                `ray up` clusters run `ray dashboard ray_cluster.yaml` first; for KubeRay
 #                `kubectl port-forward svc/compassplay-head-svc 8265:8265`)
-#   CONFIG       run config (default configs/paper_coding_7b.yaml)
+#   CONFIG       run config (default paper_coding_7b)
 #   JOB_ID       optional submission id (default: Ray generates raysubmit_...)
 #   NO_WAIT=1    return after submission instead of tailing the logs
 #                (then: ray job logs -f JOB_ID / ray job status JOB_ID / ray job stop JOB_ID)
@@ -25,11 +25,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RAY_ADDRESS="${RAY_ADDRESS:-http://127.0.0.1:8265}"
-CONFIG="${CONFIG:-configs/paper_coding_7b.yaml}"
+CONFIG="${CONFIG:-paper_coding_7b}"
 RAY_BIN="${RAY_BIN:-ray}"
 
-if [[ ! -f "$CONFIG" ]]; then
-  echo "error: config file not found: $CONFIG" >&2
+if [[ ! -f "$CONFIG" && ! -f "compassplay/configs/$CONFIG.yaml" ]]; then
+  echo "error: config not found: $CONFIG (a YAML path, or a name in compassplay/configs/)" >&2
   exit 2
 fi
 

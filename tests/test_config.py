@@ -10,14 +10,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_shipped_configs_load():
-    micro = load_config(ROOT / "configs/micro.yaml")
-    default = load_config(ROOT / "configs/default.yaml")
+    micro = load_config(ROOT / "compassplay/configs/micro.yaml")
+    default = load_config(ROOT / "compassplay/configs/default.yaml")
     assert micro.model.source == "tiny"
     assert default.model.source == "smollm2-gguf"
 
 
 def test_dotted_overrides_are_typed():
-    cfg = load_config(ROOT / "configs/micro.yaml",
+    cfg = load_config(ROOT / "compassplay/configs/micro.yaml",
                       ["pipeline.steps=7", "reward.kind=difficulty", "task.types=[deduction]",
                        "learner.lr=3e-4"])
     assert cfg.pipeline.steps == 7
@@ -61,7 +61,7 @@ def test_malformed_yaml_and_missing_file(tmp_path):
 
 
 def test_dump_round_trips():
-    cfg = load_config(ROOT / "configs/default.yaml", ["pipeline.steps=3"])
+    cfg = load_config(ROOT / "compassplay/configs/default.yaml", ["pipeline.steps=3"])
     again = RunConfig.model_validate(__import__("yaml").safe_load(dump_config(cfg)))
     assert again == cfg
 

@@ -11,7 +11,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from compassplay.actors.roles import (
+from compassplay.actors.shells import (
     LearnerActor,
     ProposerActor,
     ScorerActor,

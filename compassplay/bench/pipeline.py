@@ -24,10 +24,10 @@ from pathlib import Path
 import ray
 
 from compassplay.actors.placement import ActorSet
-from compassplay.batches import StepResult
 from compassplay.config import load_config
-from compassplay.pipeline import Pipeline, init_ray
+from compassplay.executors.ray_driver import Pipeline, init_ray
 from compassplay.records import StepStats
+from compassplay.step.messages import StepResult
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scoring-s", type=float, default=0.2)
     parser.add_argument("--learning-s", type=float, default=0.2)
     parser.add_argument("--real", action="store_true", help="micro model, real actors")
-    parser.add_argument("--config", default=str(ROOT / "configs" / "micro.yaml"))
+    parser.add_argument("--config", default="micro")
 
 
 @ray.remote(num_cpus=0)
@@ -125,7 +125,7 @@ def stand_in_bench(args: argparse.Namespace) -> dict:
 
 
 def real_bench(args: argparse.Namespace) -> dict:
-    from compassplay.pipeline import run_pipeline
+    from compassplay.executors.ray_driver import run_pipeline
 
     run_dir = Path(tempfile.mkdtemp()) / "bench"
     cfg = load_config(args.config, [f"pipeline.steps={args.steps}",

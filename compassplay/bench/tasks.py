@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any
 
 from compassplay.config import TaskSection
+from compassplay.envs.code import CodeEnvironment
+from compassplay.envs.code.programs import values_equal
+from compassplay.envs.code.rewards import gold_answer
 from compassplay.records import Attempt, Task
-from compassplay.tasks.code import CodeEnvironment
-from compassplay.tasks.code.programs import values_equal
-from compassplay.tasks.code.rewards import gold_answer
 
 TYPES = ("deduction", "abduction", "induction")
 
@@ -129,7 +129,7 @@ def _generate(engine, tok, prompts: list[str], prefix: str, max_new_tokens: int,
               args: argparse.Namespace, seed: int) -> list:
     """Completions (after the prefilled `prefix`) built exactly as the self-play stages do."""
     from compassplay.engines.base import SamplingParams
-    from compassplay.stages import prompt_ids
+    from compassplay.step.stages import prompt_ids
 
     ids = [prompt_ids(tok, p, prefix) for p in prompts]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,

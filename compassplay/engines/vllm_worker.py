@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from compassplay.engines.weight_sync import NCCLBroadcastSync
+from compassplay.sync.buckets import NCCLBroadcastSync
 
 
 class VLLMBroadcaster:

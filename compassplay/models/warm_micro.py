@@ -41,11 +41,11 @@ from pathlib import Path
 import torch
 
 from compassplay.config import TaskSection, TinyModelConfig, VerifierSection
+from compassplay.envs.code import CodeEnvironment, prompts
+from compassplay.envs.code.programs import check_input, normalize_value, values_equal
 from compassplay.models.loading import load_tiny
 from compassplay.records import Task
-from compassplay.stages import chat_ids, target_ids
-from compassplay.tasks.code import CodeEnvironment, prompts
-from compassplay.tasks.code.programs import check_input, normalize_value, values_equal
+from compassplay.step.stages import chat_ids, target_ids
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def train(model, examples: list[Example], pad_id: int, steps: int, seed: int,
 def build_warm_micro(out_dir: Path, steps: int = DEFAULT_STEPS, seed: int = 0,
                      isolation: str = "bwrap") -> Path:
     """Train the warm micro model and save model + tokenizer to `out_dir`; returns it."""
-    from compassplay.components import make_sandbox
+    from compassplay.workers.builders import make_sandbox
 
     out_dir = Path(out_dir)
     threads = torch.get_num_threads()

@@ -11,14 +11,14 @@ import pytest
 import yaml
 
 from compassplay.config import RunConfig, load_config
-from compassplay.metrics import RunMetrics
+from compassplay.run.metrics import RunMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 CLUSTER_YAML = REPO / "ray_cluster.yaml"
-CONFIGS = sorted((REPO / "configs").glob("*.yaml"))
-PAPER_CONFIGS = [REPO / "configs" / "paper_coding_7b.yaml",
-                 REPO / "configs" / "baseline_difficulty_7b.yaml"]
+CONFIGS = sorted((REPO / "compassplay" / "configs").glob("*.yaml"))
+PAPER_CONFIGS = [REPO / "compassplay" / "configs" / "paper_coding_7b.yaml",
+                 REPO / "compassplay" / "configs" / "baseline_difficulty_7b.yaml"]
 YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml"), CLUSTER_YAML])
 JSON_FILES = sorted(DEPLOY.rglob("*.json"))
 ROLES = ("proposer", "solver", "verifier", "scorer", "learner")
@@ -197,8 +197,8 @@ def test_rayjob_runs_an_existing_config():
     entry = job["spec"]["entrypoint"].split()
     assert entry[:2] == ["compassplay", "run"]
     config = entry[entry.index("--config") + 1]
-    assert config == "configs/paper_coding_7b.yaml"
-    load_config(REPO / config, [a for a in entry[entry.index("--config") + 2:] if "=" in a])
+    assert config == "paper_coding_7b"  # a shipped config, found by name in the package
+    load_config(config, [a for a in entry[entry.index("--config") + 2:] if "=" in a])
 
 
 # ----------------------------------------------------------------------------- monitoring
@@ -254,7 +254,7 @@ def test_grafana_dashboard_uses_only_real_metrics():
     by_family = _exposed_names()
     exposed = set().union(*by_family.values())
     assert used, "the dashboard queries no compassplay_* metric"
-    assert used <= exposed, f"not exported by compassplay.metrics: {sorted(used - exposed)}"
+    assert used <= exposed, f"not exported by compassplay.run.metrics: {sorted(used - exposed)}"
     # Every metric of the registry has a panel.
     missing = sorted(f for f, names in by_family.items() if not names & used)
     assert not missing, f"metrics without a panel: {missing}"

@@ -148,7 +148,7 @@ def test_ray_job_submit_micro_run(ray_cluster, tmp_path):
     # deploy/submit_job.sh runs: ray job submit --address $RAY_ADDRESS --working-dir .
     #   --runtime-env-json '{"excludes": [...]}' --no-wait --submission-id $JOB_ID
     #   -- compassplay run --config $CONFIG "$@"
-    env = _env() | {"RAY_ADDRESS": url, "RAY_BIN": str(RAY), "CONFIG": "configs/micro.yaml",
+    env = _env() | {"RAY_ADDRESS": url, "RAY_BIN": str(RAY), "CONFIG": "micro",
                      "NO_WAIT": "1", "JOB_ID": job_id}
     sub = subprocess.run(["bash", str(REPO / "deploy" / "submit_job.sh"), "pipeline.steps=2",
                           f"run.name={name}", f"run.output_dir={out}"],

@@ -43,7 +43,7 @@ def test_make_setup_without_venv_support_says_what_to_install(tmp_path):
                            f"PYTHON={bin_dir / 'python3'}", "setup"],
                           capture_output=True, text=True, env=env, timeout=120)
     assert proc.returncode != 0
-    pkg = "python%d.%d-venv" % sys.version_info[:2]
+    pkg = "python{}.{}-venv".format(*sys.version_info[:2])
     assert f"sudo apt-get install {pkg}" in proc.stderr, proc.stdout + proc.stderr
     assert not venv.exists(), "no half-made venv is left"
     if os.getuid() == 0:  # as root it tried to install the package first

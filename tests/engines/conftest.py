@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from compassplay.config import LearnerSection
-from compassplay.engines.tiny import tiny_causal_lm
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
+from tests.tiny_models import tiny_causal_lm
 
 
 @pytest.fixture(scope="session")

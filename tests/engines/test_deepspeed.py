@@ -5,7 +5,7 @@ import torch
 
 from compassplay.config import LearnerSection
 from compassplay.engines import make_learner
-from compassplay.engines.tiny import synthetic_trajectories, tiny_causal_lm
+from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
 pytest.importorskip("deepspeed")
 

@@ -11,9 +11,9 @@ from compassplay.engines.advantages import trajectory_advantages
 from compassplay.engines.hf_generation import HFGenerationEngine
 from compassplay.engines.learner import lr_lambda
 from compassplay.engines.logprobs import pack, token_logprobs
-from compassplay.engines.tiny import synthetic_trajectories as on_policy_batch
-from compassplay.engines.tiny import tiny_causal_lm
 from compassplay.records import Trajectory
+from tests.tiny_models import synthetic_trajectories as on_policy_batch
+from tests.tiny_models import tiny_causal_lm
 
 
 def _objective(model, trajs) -> float:

@@ -11,8 +11,8 @@ import torch
 from compassplay.config import ConfigError
 from compassplay.engines import SamplingParams, make_generation_engine
 from compassplay.engines.logprobs import pack, token_logprobs
-from compassplay.engines.tiny import tiny_causal_lm
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
+from tests.tiny_models import tiny_causal_lm
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 GPU = HAS_VLLM and torch.cuda.is_available()

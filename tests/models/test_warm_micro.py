@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from compassplay.components import make_env
 from compassplay.config import ModelSection, load_config
-from compassplay.local import LocalExecutor
+from compassplay.envs.code.parsing import find_blocks
+from compassplay.executors.local import LocalExecutor
 from compassplay.models import load_model
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.models.warm_micro import build_warm_micro, io_proposal_text
 from compassplay.records import Task
-from compassplay.stages import chat_ids
-from compassplay.tasks.code.parsing import find_blocks
+from compassplay.step.stages import chat_ids
+from compassplay.workers.builders import make_env
 
 ROOT = Path(__file__).resolve().parents[2]
-MICRO_WARM = ROOT / "configs" / "micro_warm.yaml"
+MICRO_WARM = ROOT / "compassplay" / "configs" / "micro_warm.yaml"
 PACKAGED = "compassplay/data/micro_warm"
 
 

@@ -1,0 +1,171 @@
+"""`CodeEnvironment`: AZR-style coding self-play tasks behind one small API.
+
+Task types (AZR's definitions):
+- deduction: the proposer writes a program `f` and an input; the gold output is computed by
+  running it; the solver predicts the output.
+- abduction: same proposal; the solver is shown the program and output and must give any
+  input that produces the output (checked by running `f`).
+- induction: a program is sampled from the buffer (any type); the proposer writes
+  `induction_inputs` inputs and a message for it; outputs come from running the program. The
+  first half of the pairs (rounded up) is shown with the message, the rest is hidden and the
+  solver's program must reproduce it (representation: see `pairs`).
+
+Counters (`env.counters`, read and cleared by `pop_counters`): `parse:<reason>` for proposals
+that could not be parsed, `invalid:<reason>` for tasks rejected by validation,
+`attempt:<reason>` for solver completions that could not be parsed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+from compassplay.config import TaskSection
+from compassplay.envs.code import prompts
+from compassplay.envs.code.buffer import Strategy, TaskBuffer
+from compassplay.envs.code.grading import grade_attempts
+from compassplay.envs.code.parsing import (
+    CODE_TAGS,
+    extract_block,
+    find_blocks,
+    proposal_section,
+    solver_answer,
+)
+from compassplay.envs.code.rewards import (
+    ANSWER_KIND,
+    gold_answer_text,
+    solver_reward,
+    verified_solution,
+)
+from compassplay.envs.code.runner import CodeRunner
+from compassplay.envs.code.seeds import load_seeds
+from compassplay.envs.code.validity import validate_tasks
+from compassplay.records import Attempt, Task, Verdict
+
+
+class CodeEnvironment:
+    """Prompts, parsing, validation, grading and rewards for the coding task types."""
+
+    def __init__(self, cfg: TaskSection, runner: CodeRunner, seed: int = 0,
+                 num_references: int = 2, induction_inputs: int = 6,
+                 buffer_strategy: Strategy = "uniform") -> None:
+        self.cfg = cfg
+        self.runner = runner
+        self.rng = random.Random(seed)
+        self.num_references = num_references
+        self.induction_inputs = induction_inputs
+        self.banned = list(cfg.banned_modules)
+        self.counters: Counter = Counter()
+        self.buffer = TaskBuffer(capacity=cfg.buffer_size, strategy=buffer_strategy)
+        seeds, self.seed_skipped = load_seeds(cfg.seed_file, self.banned)
+        self.buffer.add(seeds)
+
+    # ----------------------------------------------------------------- proposer
+    def proposer_prompt(self, task_type: str, rng: random.Random) -> tuple[str, list[str]]:
+        """Proposer user message and the ids of the buffer tasks it shows."""
+        fmt = self.cfg.answer_format
+        if task_type == "induction":
+            picked = self.buffer.sample(1, rng)
+            if not picked:
+                raise ValueError("the task buffer is empty")
+            prog = picked[0]
+            return (prompts.proposer_induction_prompt(prog.program, self.induction_inputs, fmt),
+                    [prog.task_id])
+        refs = self.buffer.sample(self.num_references, rng, task_type)
+        return (prompts.proposer_io_prompt(task_type, refs, self.banned, fmt),
+                [t.task_id for t in refs])
+
+    def parse_proposal(self, task_type: str, text: str, seed_ids: list[str],
+                       task_id: str) -> Task:
+        """The proposed task (never raises); unparseable -> valid=False, 'parse:<reason>'."""
+        task = Task(task_id=task_id, task_type=task_type, seed_ids=list(seed_ids))
+        try:
+            update, reason = self._parse_proposal(task_type, text, seed_ids)
+        except Exception as e:  # noqa: BLE001 - model text must never crash a step
+            update, reason = {}, f"internal_{type(e).__name__}"
+        if reason:
+            self.counters[f"parse:{reason}"] += 1
+            return task.model_copy(update={"valid": False, "invalid_reason": f"parse:{reason}"})
+        return task.model_copy(update=update)
+
+    def _parse_proposal(self, task_type: str, text: str,
+                        seed_ids: list[str]) -> tuple[dict, str]:
+        section, reason = proposal_section(text, self.cfg.answer_format)
+        if reason:
+            return {}, reason
+        if task_type == "induction":
+            ref = self.buffer.get(seed_ids[0]) if seed_ids else None
+            if ref is None:
+                return {}, "unknown_program"
+            inputs = [b.body.strip() for b in find_blocks(section, ("input",)) if b.body.strip()]
+            if not inputs:
+                return {}, "no_input_block"
+            message, reason = extract_block(section, ("message",), "message",
+                                            untagged_ok=False)
+            if reason:
+                return {}, reason
+            return {"program": ref.program, "inputs": inputs, "message": message.strip()}, ""
+        if task_type not in ("deduction", "abduction"):
+            return {}, "unknown_task_type"
+        program, reason = extract_block(section, CODE_TAGS, "code")
+        if reason:
+            return {}, reason
+        inp, reason = extract_block(section, ("input",), "input", untagged_ok=False)
+        if reason:
+            return {}, reason
+        return {"program": program.strip("\n"), "inputs": [inp.strip()]}, ""
+
+    def validate(self, tasks: list[Task]) -> list[Task]:
+        """Validated copies (valid, invalid_reason, gold outputs); one run_many per call."""
+        return validate_tasks(tasks, self.runner, self.banned, self.counters)
+
+    # ----------------------------------------------------------------- prefixes
+    def response_prefix(self, role: str, task_type: str) -> str:
+        """The opening of a well-formed reply, to prefill after the chat prompt (small models
+        follow the format far more often when it is started for them). '' for think_answer."""
+        if self.cfg.answer_format != "fenced":
+            return ""
+        if role == "proposer":
+            return "```input\n" if task_type == "induction" else "```python\ndef f("
+        return f"```{ANSWER_KIND[task_type][1]}\n"
+
+    # ------------------------------------------------------------------- solver
+    def solver_prompt(self, task: Task) -> str:
+        """Solver user message for a valid task."""
+        return prompts.solver_prompt(task, self.cfg.answer_format)
+
+    def parse_attempt(self, task: Task, text: str, index: int) -> Attempt:
+        """The solver's parsed answer (never raises); parse_error holds the reason."""
+        kind = ANSWER_KIND.get(task.task_type, ("output", ""))[0]
+        try:
+            answer, reason = solver_answer(text, kind, self.cfg.answer_format)
+        except Exception as e:  # noqa: BLE001
+            answer, reason = "", f"internal_{type(e).__name__}"
+        if reason:
+            self.counters[f"attempt:{reason}"] += 1
+            return Attempt(task_id=task.task_id, index=index, answer="", parse_error=reason)
+        return Attempt(task_id=task.task_id, index=index, answer=answer.strip("\n"))
+
+    def grade(self, pairs: list[tuple[Task, Attempt]]) -> list[Verdict]:
+        """Verdicts for (task, attempt) pairs; all executions in one run_many."""
+        return grade_attempts(pairs, self.runner, self.banned)
+
+    def solver_reward(self, attempt: Attempt, verdict: Verdict) -> float:
+        """Binary or AZR-style solver reward, by `cfg.solver_reward`."""
+        return solver_reward(attempt, verdict, self.cfg.solver_reward)
+
+    def verified_solution(self, task: Task, attempts: list[Attempt],
+                          verdicts: list[Verdict]) -> str | None:
+        """Solution text for the gradient reward, by `cfg.verified_solution`."""
+        return verified_solution(task, attempts, verdicts, self.cfg.verified_solution,
+                                 self.cfg.answer_format)
+
+    def gold_answer_text(self, task: Task) -> str:
+        """The gold answer in the solver's answer format."""
+        return gold_answer_text(task, self.cfg.answer_format)
+
+    def pop_counters(self) -> dict[str, int]:
+        """The counters accumulated since the last call, then cleared."""
+        out = dict(self.counters)
+        self.counters.clear()
+        return out

@@ -1,0 +1,137 @@
+"""Well-posedness of proposed tasks, decided by running them in the sandbox.
+
+A deduction/abduction task is valid when its program passes the static checks
+(`programs.check_program`), its input is a literal argument list, `f(input)` runs within the
+runner's limits, the result's canonical repr round-trips through `ast.literal_eval`, and two
+runs in two separate sandbox executions (fresh processes) print the same repr. The gold output
+`outputs[0]` is that repr.
+
+Induction tasks (program from the buffer, inputs + message from the proposer) run the program
+on every distinct literal input; inputs whose call fails or returns a non-literal are dropped,
+any input whose result differs between the two runs makes the task `nondeterministic`, and at
+least `pairs.MIN_PAIRS` pairs must remain (see `pairs` for the visible/hidden split).
+
+All tasks of a batch go through one `runner.run_many` call (two harness runs per task).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from compassplay.envs.code.pairs import MIN_PAIRS
+from compassplay.envs.code.programs import (
+    CallResult,
+    check_input,
+    check_program,
+    harness,
+    normalize_value,
+    parse_harness_output,
+)
+from compassplay.envs.code.runner import CodeRunner, ExecResultLike
+from compassplay.records import Task
+
+MAX_OUTPUT_CHARS = 2000
+MAX_INDUCTION_INPUTS = 10
+STATUS_REASONS = {"error": "runtime_error", "timeout": "timeout", "memory": "memory",
+                  "output_limit": "output_limit", "killed": "killed"}
+
+
+def static_reason(task: Task, banned: list[str]) -> tuple[str, list[str]]:
+    """Reason a task fails before execution ('' if none) and the inputs to run."""
+    reason = check_program(task.program, banned)
+    if reason:
+        return reason, []
+    if task.task_type == "induction":
+        seen: set[str] = set()
+        inputs = []
+        for text in task.inputs:
+            key = normalize_value(text)
+            if not check_input(text) and key not in seen:
+                seen.add(key)
+                inputs.append(text.strip())
+        inputs = inputs[:MAX_INDUCTION_INPUTS]
+        return ("too_few_inputs" if len(inputs) < MIN_PAIRS else ""), inputs
+    if not task.inputs:
+        return "empty_input", []
+    reason = check_input(task.inputs[0])
+    return reason, [] if reason else [task.inputs[0].strip()]
+
+
+def _records(res: ExecResultLike, n: int) -> tuple[list[CallResult] | None, str]:
+    if res.status != "ok":
+        return None, STATUS_REASONS.get(res.status, res.status)
+    recs = parse_harness_output(res.stdout or "", n)
+    return (recs, "") if recs is not None else (None, "no_result")
+
+
+def _call_reason(rec: CallResult) -> str:
+    if not rec.ok:
+        return "runtime_error"
+    if not rec.literal:
+        return "output_not_literal"
+    if len(rec.repr) > MAX_OUTPUT_CHARS:
+        return "output_too_long"
+    return ""
+
+
+def _judge(task: Task, inputs: list[str], r1: ExecResultLike,
+           r2: ExecResultLike) -> Task:
+    recs1, reason = _records(r1, len(inputs))
+    recs2, reason2 = _records(r2, len(inputs))
+    if recs1 is None or recs2 is None:
+        return _invalid(task, reason or reason2)
+    if task.task_type != "induction":
+        reason = _call_reason(recs1[0]) or _call_reason(recs2[0])
+        if not reason and recs1[0].repr != recs2[0].repr:
+            reason = "nondeterministic"
+        if reason:
+            return _invalid(task, reason)
+        return task.model_copy(update={"inputs": inputs, "outputs": [recs1[0].repr],
+                                       "valid": True, "invalid_reason": ""})
+    kept_in, kept_out, dropped = [], [], Counter()
+    for text, a, b in zip(inputs, recs1, recs2, strict=True):
+        reason = _call_reason(a) or _call_reason(b)
+        if reason:
+            dropped[reason] += 1
+        elif a.repr != b.repr:
+            return _invalid(task, "nondeterministic")
+        else:
+            kept_in.append(text)
+            kept_out.append(a.repr)
+    if len(kept_in) < MIN_PAIRS:
+        return _invalid(task, dropped.most_common(1)[0][0] if dropped else "too_few_inputs")
+    return task.model_copy(update={"inputs": kept_in, "outputs": kept_out, "valid": True,
+                                   "invalid_reason": ""})
+
+
+def _invalid(task: Task, reason: str) -> Task:
+    return task.model_copy(update={"valid": False, "invalid_reason": reason})
+
+
+def validate_tasks(tasks: list[Task], runner: CodeRunner, banned: list[str],
+                   counters: Counter | None = None) -> list[Task]:
+    """Validated copies of `tasks` (same order). Tasks that already carry an invalid_reason
+    (e.g. parse failures) pass through unchanged. Reasons are counted as `invalid:<reason>`."""
+    out: list[Task | None] = [None] * len(tasks)
+    plans: list[tuple[int, list[str]]] = []
+    for i, task in enumerate(tasks):
+        if task.invalid_reason:
+            out[i] = task
+            continue
+        reason, inputs = static_reason(task, banned)
+        if reason:
+            out[i] = _invalid(task, reason)
+        else:
+            plans.append((i, inputs))
+    codes = [harness(tasks[i].program, inputs, perturb=pad) for pad in (0, 1500)
+             for i, inputs in plans]
+    results = runner.run_many(codes) if codes else []
+    n = len(plans)
+    for j, (i, inputs) in enumerate(plans):
+        out[i] = _judge(tasks[i], inputs, results[j], results[n + j])
+    final = [t for t in out if t is not None]
+    if counters is not None:
+        for t, orig in zip(final, tasks, strict=True):
+            if not t.valid and t.invalid_reason and not orig.invalid_reason:
+                counters[f"invalid:{t.invalid_reason}"] += 1
+    return final

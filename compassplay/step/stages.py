@@ -1,0 +1,293 @@
+"""The stages of one self-play step, as functions over records: ONE definition of the algorithm.
+
+    propose -> validate -> solve -> grade -> build_candidates -> score_alignment
+            -> assign_rewards -> make_trajectories -> (learner.step) -> summarize
+
+The local executor (`local.py`) calls them in order in one process; the Ray pipeline
+(`pipeline.py`) calls the same functions inside actors. Randomness is derived from
+(run seed, step, stage) only, so both executors draw the same tasks and samples.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+
+from compassplay.config import RewardSection, RunConfig
+from compassplay.engines.base import GenerationEngine, SamplingParams
+from compassplay.engines.learner import LearnerStats
+from compassplay.envs.code import CodeEnvironment
+from compassplay.records import Attempt, Candidate, Score, StepStats, Task, Trajectory, Verdict
+from compassplay.rewards.batch import Example
+from compassplay.rewards.functions import (
+    is_eligible,
+    proposer_reward,
+    regex_tokenize,
+    token_jaccard,
+)
+from compassplay.rewards.reference_set import ReferenceItem
+
+GRADIENT_KINDS = ("cosine", "inner", "cos_novelty")
+
+
+def stage_seed(run_seed: int, step: int, stage: str) -> int:
+    """A deterministic 31-bit seed for one stage of one step."""
+    return random.Random(f"{run_seed}:{step}:{stage}").getrandbits(31)
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of a one-turn user message with the generation prompt appended."""
+    out = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                        add_generation_prompt=True)
+    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
+
+
+def target_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of an assistant answer followed by the end-of-turn token."""
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+@dataclass
+class ProposalSet:
+    """What `propose` returns: parsed proposals and the buffer tasks the solver also attempts."""
+
+    tasks: list[Task]
+    seed_tasks: list[Task]
+
+
+def prefix_of(env: CodeEnvironment, cfg: RunConfig, role: str, task_type: str) -> str:
+    """The prefilled reply opening of `role` ('' unless proposer/solver.prefill)."""
+    section = cfg.proposer if role == "proposer" else cfg.solver
+    return env.response_prefix(role, task_type) if section.prefill else ""
+
+
+def prompt_ids(tokenizer, text: str, prefix: str) -> list[int]:
+    """Chat prompt ids followed by the prefilled reply opening (part of the prompt: the
+    policy is trained on, and the scorer differentiates, only what comes after it)."""
+    ids = chat_ids(tokenizer, text)
+    return ids + tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
+
+
+def propose(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
+            step: int) -> ProposalSet:
+    """Sample proposals for every task type (batch_size each) and parse them (never raises)."""
+    rng = random.Random(stage_seed(cfg.run.seed, step, "propose"))
+    prompts, meta = [], []
+    for task_type in cfg.task.types:
+        prefix = prefix_of(env, cfg, "proposer", task_type)
+        for i in range(cfg.proposer.batch_size):
+            text, seed_ids = env.proposer_prompt(task_type, rng)
+            prompts.append(prompt_ids(tokenizer, text, prefix))
+            meta.append((task_type, prefix, seed_ids, f"s{step}-{task_type}-{i}"))
+    params = SamplingParams.from_section(cfg.proposer, seed=stage_seed(cfg.run.seed, step, "gen-p"))
+    gens = engine.generate(prompts, params)
+    tasks = []
+    for gen, (task_type, prefix, seed_ids, task_id) in zip(gens, meta, strict=True):
+        task = env.parse_proposal(task_type, prefix + gen.text, seed_ids, task_id)
+        seed = env.buffer.get(seed_ids[0]) if seed_ids else None
+        tasks.append(task.model_copy(update={
+            "proposal": gen, "seed_program": seed.program if seed else ""}))
+    seed_tasks = env.buffer.sample(cfg.solver.seed_tasks_per_step, rng)
+    return ProposalSet(tasks=tasks, seed_tasks=seed_tasks)
+
+
+def validate(env: CodeEnvironment, tasks: list[Task]) -> list[Task]:
+    """Well-posedness through the sandbox; unparsed proposals pass through unchanged."""
+    parsed = [t for t in tasks if not t.invalid_reason.startswith("parse:")]
+    checked = {t.task_id: t for t in env.validate(parsed)} if parsed else {}
+    return [checked.get(t.task_id, t) for t in tasks]
+
+
+def solve(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
+          tasks: list[Task], step: int) -> list[Attempt]:
+    """n_samples attempts per task (tasks must be valid), in task order then sample order."""
+    n = cfg.solver.n_samples
+    prefixes = [prefix_of(env, cfg, "solver", t.task_type) for t in tasks]
+    prompts = [prompt_ids(tokenizer, env.solver_prompt(t), p)
+               for t, p in zip(tasks, prefixes, strict=True) for _ in range(n)]
+    if not prompts:
+        return []
+    params = SamplingParams.from_section(cfg.solver, seed=stage_seed(cfg.run.seed, step, "gen-s"))
+    gens = engine.generate(prompts, params)
+    attempts = []
+    for k, gen in enumerate(gens):
+        task = tasks[k // n]
+        att = env.parse_attempt(task, prefixes[k // n] + gen.text, k % n)
+        attempts.append(att.model_copy(update={"generation": gen}))
+    return attempts
+
+
+def grade(env: CodeEnvironment, tasks: list[Task], attempts: list[Attempt]) -> list[Verdict]:
+    """Verdicts in attempt order (one batched sandbox call)."""
+    by_id = {t.task_id: t for t in tasks}
+    return env.grade([(by_id[a.task_id], a) for a in attempts]) if attempts else []
+
+
+def solve_rates(tasks: list[Task], verdicts: list[Verdict]) -> dict[str, float]:
+    """s(x) = correct / attempts for each task with attempts."""
+    total: Counter = Counter()
+    good: Counter = Counter()
+    for v in verdicts:
+        total[v.task_id] += 1
+        good[v.task_id] += int(v.correct)
+    return {t.task_id: good[t.task_id] / total[t.task_id] for t in tasks if total[t.task_id]}
+
+
+def novelty_tokens(tokenizer, text: str, kind: str) -> list:
+    """Tokens for the Jaccard novelty: model token ids (default) or regex word tokens."""
+    return regex_tokenize(text) if kind == "regex" else tokenizer.encode(
+        text, add_special_tokens=False)
+
+
+def build_candidates(env: CodeEnvironment, tokenizer, cfg: RunConfig, tasks: list[Task],
+                     attempts: list[Attempt], verdicts: list[Verdict]) -> list[Candidate]:
+    """Eligible proposed tasks (valid, 0 < s < 1, a verified solution) as scorer inputs."""
+    rates = solve_rates(tasks, verdicts)
+    out = []
+    for task in tasks:
+        if task.source != "proposed" or task.task_id not in rates:
+            continue
+        mine = [i for i, a in enumerate(attempts) if a.task_id == task.task_id]
+        solution = env.verified_solution(task, [attempts[i] for i in mine],
+                                         [verdicts[i] for i in mine])
+        if not is_eligible(rates[task.task_id], valid=task.valid,
+                           has_solution=solution is not None):
+            continue
+        kind = cfg.reward.novelty_tokenizer
+        prefix = prefix_of(env, cfg, "solver", task.task_type)
+        if prefix and solution.startswith(prefix):  # a gold rendering includes the opening
+            solution = solution[len(prefix):]
+        out.append(Candidate(
+            task_id=task.task_id, task_type=task.task_type, solve_rate=rates[task.task_id],
+            prompt_ids=prompt_ids(tokenizer, env.solver_prompt(task), prefix),
+            target_ids=target_ids(tokenizer, solution),
+            novelty_tokens=novelty_tokens(tokenizer, task.program, kind),
+            seed_tokens=novelty_tokens(tokenizer, task.seed_program, kind)))
+    return out
+
+
+def reference_examples(tokenizer, items: list[ReferenceItem]) -> list[Example]:
+    """The reference set as scorer Examples: chat prompt -> gold solution + end of turn."""
+    return [Example(chat_ids(tokenizer, it.prompt), target_ids(tokenizer, it.solution))
+            for it in items]
+
+
+def candidate_examples(cands: list[Candidate]) -> list[Example]:
+    return [Example(list(c.prompt_ids), list(c.target_ids)) for c in cands]
+
+
+def assign_rewards(cfg: RewardSection, tasks: list[Task], verdicts: list[Verdict],
+                   cands: list[Candidate], alignment: dict[str, tuple[float, float, float]],
+                   utility: dict[str, float] | None = None) -> list[Score]:
+    """One Score per proposed task.
+
+    Parse failures get `format_penalty`; parsed but ill-posed tasks get half of it (AZR's
+    -0.5 convention); well-posed tasks get the reward of `cfg.kind`, 0 when ineligible.
+    `alignment[task_id] = (cosine, inner, grad_norm)` for scored candidates; `utility` holds
+    SOAR's measured utility per task for kind "soar".
+    """
+    rates = solve_rates(tasks, verdicts)
+    by_cand = {c.task_id: c for c in cands}
+    scores = []
+    for task in tasks:
+        if task.source != "proposed":
+            continue
+        s = rates.get(task.task_id, 0.0)
+        cand = by_cand.get(task.task_id)
+        cos, inner, norm = alignment.get(task.task_id, (None, None, None))
+        nov = None
+        if cand is not None:
+            nov = 1.0 - token_jaccard(cand.novelty_tokens, cand.seed_tokens)
+        parse_fail = task.invalid_reason.startswith("parse:")
+        penalty = cfg.format_penalty if parse_fail else cfg.format_penalty / 2
+        if cfg.kind == "soar":
+            reward = penalty if not task.valid else (
+                (utility or {}).get(task.task_id, 0.0) if cand is not None else 0.0)
+        else:
+            reward = proposer_reward(
+                cfg.kind, solve_rate=s, well_formed=task.valid, eligible=cand is not None,
+                cosine=cos, inner=inner, novelty_value=nov, eta=cfg.eta,
+                azr_compat=cfg.azr_compat, penalty=penalty)
+        scores.append(Score(task_id=task.task_id, reward=reward, kind=cfg.kind,
+                            eligible=cand is not None, solve_rate=s, cosine=cos, inner=inner,
+                            grad_norm=norm, novelty=nov))
+    return scores
+
+
+def make_trajectories(env: CodeEnvironment, tasks: list[Task], attempts: list[Attempt],
+                      verdicts: list[Verdict], scores: list[Score]) -> list[Trajectory]:
+    """Proposer trajectories (one per proposal) and solver trajectories (one per attempt)."""
+    by_task = {t.task_id: t for t in tasks}
+    out = []
+    for sc in scores:
+        task = by_task[sc.task_id]
+        if task.proposal is not None:
+            out.append(Trajectory(generation=task.proposal, reward=sc.reward, role="proposer",
+                                  task_type=task.task_type, task_id=task.task_id))
+    for att, ver in zip(attempts, verdicts, strict=True):
+        if att.generation is not None:
+            out.append(Trajectory(generation=att.generation, reward=env.solver_reward(att, ver),
+                                  role="solver", task_type=by_task[att.task_id].task_type,
+                                  task_id=att.task_id))
+    return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    if not xs:
+        return 0.0, 0.0
+    m = sum(xs) / len(xs)
+    return m, (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5
+
+
+def summarize(step: int, tasks: list[Task], solved: list[Task], attempts: list[Attempt],
+              verdicts: list[Verdict], scores: list[Score], stats: LearnerStats,
+              stage_seconds: dict[str, float]) -> StepStats:
+    """The metrics.jsonl line of one step."""
+    rates = solve_rates(solved, verdicts)
+    proposed_rates = [rates[t.task_id] for t in tasks if t.task_id in rates]
+    rewards = [s.reward for s in scores]
+    r_mean, r_std = _mean_std(rewards)
+    parse = Counter(t.invalid_reason for t in tasks if t.invalid_reason.startswith("parse:"))
+    parse.update(f"attempt:{a.parse_error}" for a in attempts if a.parse_error)
+    invalid = Counter(t.invalid_reason for t in tasks
+                      if t.invalid_reason and not t.invalid_reason.startswith("parse:"))
+    by_type: dict[str, dict[str, float]] = {}
+    for tt in sorted({t.task_type for t in tasks}):
+        mine = [t for t in tasks if t.task_type == tt]
+        by_type[tt] = {"proposals": len(mine), "valid": sum(t.valid for t in mine),
+                       "eligible": sum(s.eligible for s in scores
+                                       if s.task_id in {t.task_id for t in mine})}
+    return StepStats(
+        step=step, weight_version=stats.weight_version, proposals=len(tasks),
+        valid=sum(t.valid for t in tasks), eligible=sum(s.eligible for s in scores),
+        solve_rate_mean=_mean_std(proposed_rates)[0], reward_mean=r_mean, reward_std=r_std,
+        reward_distinct=len({round(r, 12) for r in rewards}), loss=stats.loss,
+        grad_norm=stats.grad_norm,
+        solver_accuracy=(sum(v.correct for v in verdicts) / len(verdicts)) if verdicts else 0.0,
+        solve_rates=proposed_rates,
+        parse_failures=dict(parse), invalid_reasons=dict(invalid), by_task_type=by_type,
+        stage_seconds=stage_seconds, step_seconds=sum(stage_seconds.values()))
+
+
+def score_alignment(scorer, cands: list[Candidate]) -> dict[str, tuple[float, float, float]]:
+    """(cosine, inner, grad_norm) per candidate task id; the scorer's reference must be current."""
+    if not cands:
+        return {}
+    res = scorer.score(candidate_examples(cands))
+    return {c.task_id: (r.cosine, r.inner, r.grad_norm) for c, r in zip(cands, res, strict=True)}
+
+
+def samples(step: int, tasks: list[Task], scores: list[Score], max_chars: int = 4000
+            ) -> list[dict]:
+    """Human-readable rows for samples.jsonl: each proposal, its verdict and its reward."""
+    by_id = {s.task_id: s for s in scores}
+    rows = []
+    for t in tasks:
+        sc = by_id.get(t.task_id)
+        rows.append({"step": step, "task_id": t.task_id, "task_type": t.task_type,
+                     "valid": t.valid, "invalid_reason": t.invalid_reason,
+                     "solve_rate": sc.solve_rate if sc else None,
+                     "reward": sc.reward if sc else None, "cosine": sc.cosine if sc else None,
+                     "proposal": t.proposal.text[:max_chars] if t.proposal else ""})
+    return rows

@@ -1,0 +1,91 @@
+"""Bucketed weight broadcast: the learner rank sends its state dict in flat byte buckets.
+
+`NCCLBroadcastSync` sends the weights in buckets of `bucket_bytes` over a torch.distributed
+group (NCCL on GPUs, gloo on CPU in tests) that holds the learner and every generator/scorer
+rank; receivers rebuild the state dict on their device. `sync.channel` wraps it for the
+pipeline; inside vLLM the receiving side runs in the worker (`vllm_worker`). The object-store
+path (HF engines) needs none of this: the state dict travels as a Ray object and
+`workers.versioned.Versioned.sync` loads it only when its version is newer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import torch
+
+from compassplay.engines.base import GenerationEngine
+
+
+class Broadcaster(Protocol):
+    """The collective a `NCCLBroadcastSync` needs (torch.distributed or vLLM's PyNccl)."""
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None: ...
+
+    def broadcast_object(self, obj: Any, src: int) -> Any: ...
+
+
+def _buckets(meta: list[tuple[str, str, list[int], int]], bucket_bytes: int
+             ) -> Iterator[list[int]]:
+    """Indices of `meta` grouped so each bucket holds at most `bucket_bytes` (or one tensor)."""
+    cur: list[int] = []
+    size = 0
+    for i, (_, _, _, nbytes) in enumerate(meta):
+        if cur and size + nbytes > bucket_bytes:
+            yield cur
+            cur, size = [], 0
+        cur.append(i)
+        size += nbytes
+    if cur:
+        yield cur
+
+
+class NCCLBroadcastSync:
+    """Bucketed broadcast of a state dict from rank `src` (the learner) to all other ranks.
+
+    Each bucket is the raw bytes of consecutive tensors concatenated into one uint8 tensor on
+    `device`, so dtypes can mix and there is one collective per bucket.
+    """
+
+    def __init__(self, comm: Broadcaster, src: int = 0, bucket_bytes: int = 256 << 20,
+                 device: str | torch.device = "cuda") -> None:
+        self.comm, self.src, self.bucket_bytes = comm, src, bucket_bytes
+        self.device = torch.device(device)
+
+    def send(self, state: dict[str, torch.Tensor], version: int) -> None:
+        """Called on rank `src` (all ranks call send/receive together)."""
+        tensors = [t.detach().contiguous() for t in state.values()]
+        meta = [(name, str(t.dtype).removeprefix("torch."), list(t.shape),
+                 t.numel() * t.element_size()) for name, t in zip(state, tensors, strict=True)]
+        self.comm.broadcast_object({"version": version, "meta": meta}, self.src)
+        for idx in _buckets(meta, self.bucket_bytes):
+            flat = torch.cat([tensors[i].to(self.device).reshape(-1).view(torch.uint8)
+                              for i in idx])
+            self.comm.broadcast(flat, self.src)
+
+    def receive(self) -> tuple[dict[str, torch.Tensor], int]:
+        """Called on every other rank: the broadcast state dict (on `device`) and its version."""
+        header = self.comm.broadcast_object(None, self.src)
+        meta = header["meta"]
+        state: dict[str, torch.Tensor] = {}
+        for idx in _buckets(meta, self.bucket_bytes):
+            flat = torch.empty(sum(meta[i][3] for i in idx), dtype=torch.uint8,
+                               device=self.device)
+            self.comm.broadcast(flat, self.src)
+            off = 0
+            for i in idx:
+                name, dtype_name, shape, nbytes = meta[i]
+                dtype = getattr(torch, dtype_name)
+                chunk = flat[off:off + nbytes]
+                if off % torch.empty((), dtype=dtype).element_size():
+                    chunk = chunk.clone()  # view(dtype) needs an aligned offset
+                state[name] = chunk.view(dtype).reshape(shape)
+                off += nbytes
+        return state, int(header["version"])
+
+    def receive_into(self, engine: GenerationEngine) -> int:
+        """Receive and load into `engine` (refusing an older version); returns the version."""
+        state, version = self.receive()
+        engine.load_weights(state, version)
+        return version

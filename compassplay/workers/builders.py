@@ -1,0 +1,75 @@
+"""Factories that turn config sections into core objects (shared by both executors).
+
+Each actor of the Ray pipeline calls exactly one of these; the local executor calls them all.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+
+from compassplay.config import (
+    ConfigError,
+    RunConfig,
+    SamplingSection,
+    VerifierSection,
+)
+from compassplay.engines.base import GenerationEngine
+from compassplay.engines.factory import make_generation_engine
+from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.envs.code import CodeEnvironment, CodeRunner
+from compassplay.rewards.batch import Example
+from compassplay.rewards.reference_set import load_reference
+from compassplay.step.stages import reference_examples
+from compassplay.verifiers.python_sandbox import PythonSandbox
+
+log = logging.getLogger(__name__)
+
+
+def configure_torch(cfg: RunConfig) -> None:
+    """Apply `run.torch_threads` (0 keeps torch's default, or Ray's per-actor OMP setting)."""
+    if cfg.run.torch_threads:
+        torch.set_num_threads(cfg.run.torch_threads)
+
+
+def make_sandbox(cfg: VerifierSection) -> PythonSandbox:
+    """A started sandbox pool (the caller closes it)."""
+    return PythonSandbox(workers=cfg.workers, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb,
+                         max_output_bytes=cfg.max_output_bytes,
+                         isolation=cfg.isolation).start()
+
+
+def make_env(cfg: RunConfig, runner: CodeRunner | None) -> CodeEnvironment:
+    """A coding environment; `runner` may be None where nothing is executed (prompting only)."""
+    return CodeEnvironment(cfg.task, runner, seed=cfg.run.seed,
+                           num_references=cfg.proposer.num_references)
+
+
+def scorer_params(spec: str):
+    """'all' | 'glob1,glob2' | 'proj:DIM' (seeded random projection) -> GradientScorer params."""
+    spec = spec.strip()
+    if spec == "all":
+        return "all"
+    if spec.startswith("proj:"):
+        return {"kind": "projection", "dim": int(spec.split(":", 1)[1]), "seed": 0}
+    return [g.strip() for g in spec.split(",") if g.strip()]
+
+
+def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Module,
+                   tokenizer) -> GenerationEngine:
+    """The role's generation engine: HF on its own copy of the weights, or vLLM (GPU), which
+    loads `model.name_or_path` itself and then receives weights in place by version."""
+    if section.engine == "vllm":
+        if cfg.model.source not in ("local", "hub"):
+            raise ConfigError("proposer/solver.engine=vllm needs model.source=local or hub "
+                              "with model.name_or_path (vLLM loads the weights itself)")
+        return make_generation_engine("vllm", cfg.model.name_or_path, tokenizer,
+                                      gpu_memory_utilization=section.gpu_memory_utilization)
+    return HFGenerationEngine(copy.deepcopy(model), tokenizer)
+
+
+def make_reference(cfg: RunConfig, tokenizer) -> list[Example]:
+    items = load_reference(cfg.reference.path, cfg.reference.max_items)
+    return reference_examples(tokenizer, items)

@@ -1,0 +1,156 @@
+"""The learner worker: rewards, policy update, checkpoints; the source of weight versions."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from compassplay.config import RunConfig
+from compassplay.engines.factory import make_learner
+from compassplay.models import load_model
+from compassplay.records import StepStats, Task
+from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from compassplay.step import stages
+from compassplay.step.messages import (
+    AttemptBatch,
+    GradeBatch,
+    Proposals,
+    ScoredShard,
+    StepResult,
+    Validated,
+    merge_shards,
+    merge_utility,
+)
+from compassplay.sync.channel import NcclChannel, free_port, node_address, open_channel
+from compassplay.workers.builders import (
+    configure_torch,
+    make_env,
+)
+
+Weights = dict[str, torch.Tensor]
+
+
+
+def is_checkpoint_step(cfg: RunConfig, step: int) -> bool:
+    return (step + 1) % cfg.learner.checkpoint_every == 0 or step + 1 == cfg.pipeline.steps
+
+
+class LearnerWorker:
+    """Assigns rewards, updates the policy, checkpoints; the source of weight versions.
+
+    Checkpoint `k` is written inside `learn(k)` (atomically, every `checkpoint_every` steps and
+    at the last step) and holds: learner state, the task buffer as the proposer snapshotted it
+    for step k plus step k's valid tasks, and the StepStats since the previous checkpoint (so a
+    driver killed before writing its metrics lines loses none). A restarted learner actor
+    restores the latest checkpoint in its constructor.
+    """
+
+    channel: NcclChannel | None = None  # learner.weight_sync=nccl, after init_sync
+
+    def __init__(self, cfg: RunConfig, run_dir: str, restore: bool = False) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        configure_torch(cfg)
+        self.model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        self._initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.learner = make_learner(cfg.learner, self.model, total_steps=cfg.pipeline.steps)
+        self.env = make_env(cfg, None)
+        self.steps_done = 0
+        self.version_offset = 0
+        self.recent: list[StepStats] = []
+        self.restored_state: dict | None = None
+        if restore:
+            self.restore()
+
+    @property
+    def weight_version(self) -> int:
+        return self.learner.weight_version + self.version_offset
+
+    def weights(self, role: str = "solver") -> Weights:
+        return self.learner.state_dict_for_sync(role)
+
+    # learner.weight_sync=nccl: the learner is rank 0 of the weight-sync group
+    def sync_address(self) -> tuple[str, int]:
+        """(this node's IP, a free port) for the group's store."""
+        return node_address(), free_port()
+
+    def init_sync(self, addr: str, port: int, world_size: int) -> None:
+        self.channel = open_channel(self.cfg, addr, port, 0, world_size)
+
+    def broadcast(self, version: int | None = None) -> int:
+        """Send the current (shared-model) weights as `version` (default: weight_version)."""
+        if self.channel is None:
+            raise RuntimeError("broadcast() before init_sync()")
+        version = self.weight_version if version is None else version
+        self.channel.send(self.weights("solver"), version)
+        return version
+
+    def restore(self, min_version: int = 0) -> dict | None:
+        """Reload the latest checkpoint (or the initial weights when there is none); weight
+        versions stay >= `min_version` so engines holding newer versions accept the rollback."""
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            self.model.load_state_dict(self._initial)
+            self.learner = make_learner(self.cfg.learner, self.model,
+                                        total_steps=self.cfg.pipeline.steps)
+            self.steps_done, self.restored_state = 0, None
+        else:
+            self.restored_state = load_checkpoint(ckpt, self.learner)
+            self.steps_done = self.restored_state["step"] + 1
+        self.version_offset = max(0, min_version - self.learner.weight_version)
+        self.recent = []
+        return self.restored_state
+
+    def learn(self, props: Proposals, batch: Validated, attempts: AttemptBatch,
+              grades: GradeBatch, shards: list[ScoredShard]) -> StepResult:
+        """Rewards -> trajectories -> one policy update -> the step's metrics (+ checkpoint)."""
+        if props.step != self.steps_done:
+            raise RuntimeError(f"learner expected step {self.steps_done}, got {props.step}")
+        param_shard = self.cfg.scorer.shard_mode == "param_shard"
+        cands, alignment = merge_shards(shards, param_shard) if shards else ([], {})
+        scores = stages.assign_rewards(self.cfg.reward, batch.tasks, grades.verdicts, cands,
+                                       alignment, merge_utility(shards))
+        trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
+                                         attempts.attempts, grades.verdicts, scores)
+        t0 = time.perf_counter()
+        lstats = self.learner.step(trajs)
+        lstats.weight_version = self.weight_version
+        seconds = {"propose": props.seconds, "validate": batch.seconds,
+                   "solve": attempts.seconds, "grade": grades.seconds,
+                   "score": max((s.seconds for s in shards), default=0.0),
+                   "learn": time.perf_counter() - t0}
+        stats = stages.summarize(props.step, batch.tasks, batch.solved, attempts.attempts,
+                                 grades.verdicts, scores, lstats, seconds)
+        self.steps_done += 1
+        self.recent.append(stats)
+        ckpt = ""
+        if is_checkpoint_step(self.cfg, props.step):
+            ckpt = self._checkpoint(props, batch)
+        return StepResult(stats, self.weight_version,
+                          {"checkpoint": ckpt, "samples": stages.samples(props.step, batch.tasks,
+                                                                         scores)})
+
+    def _checkpoint(self, props: Proposals, batch: Validated) -> str:
+        if props.buffer_state is None:
+            raise RuntimeError(f"step {props.step} is a checkpoint step but its proposals "
+                               "carry no buffer snapshot")
+        state = {"step": props.step, "buffer": props.buffer_state,
+                 "buffer_pending": [t.model_dump(mode="json") for t in batch.tasks if t.valid],
+                 "recent_stats": [s.model_dump(mode="json") for s in self.recent]}
+        path = save_checkpoint(self.run_dir, props.step, self.learner, state,
+                               keep_last=self.cfg.learner.keep_last)
+        self.recent = []
+        return str(path)
+
+
+def restored_buffer(state: dict) -> tuple[dict, list[Task]]:
+    """The checkpointed buffer state and the checkpoint step's valid tasks still to add."""
+    return state["buffer"], [Task.model_validate(t) for t in state["buffer_pending"]]
+
+
+def restored_metrics(state: dict) -> tuple[int, list[StepStats]]:
+    """(lines of metrics.jsonl to keep, StepStats to append) after restoring `state`."""
+    recent = [StepStats.model_validate(s) for s in state["recent_stats"]]
+    return state["step"] + 1 - len(recent), recent

@@ -1,0 +1,98 @@
+"""The scorer role: candidates -> gradient-alignment partials (or SOAR utilities) per shard."""
+
+from __future__ import annotations
+
+import time
+
+from compassplay.config import RunConfig
+from compassplay.models import load_model
+from compassplay.records import Candidate
+from compassplay.rewards.gradient import GradientScorer, Partials
+from compassplay.rewards.oracle import naive_partials, reference_grads
+from compassplay.rewards.soar import measured_utility, split_groups
+from compassplay.step import stages
+from compassplay.step.messages import AttemptBatch, GradeBatch, ScoredShard, Validated
+from compassplay.workers.builders import configure_torch, make_env, make_reference, scorer_params
+from compassplay.workers.versioned import Versioned, Weights
+
+
+def shard_names(names: list[str], shard: int, num_shards: int) -> list[str]:
+    """Parameter names of `shard` out of `num_shards` (round-robin over the model's order)."""
+    return names[shard::num_shards]
+
+
+class ScorerWorker(Versioned):
+    """Builds candidates and computes alignment partials for one shard.
+
+    mode "replica": a full copy of the weights, scores candidates shard::num_shards.
+    mode "param_shard": scores every candidate over the parameter names of this shard.
+    The reference gradient is recomputed whenever the weight version changes.
+    """
+
+    def __init__(self, cfg: RunConfig, shard: int = 0, num_shards: int = 1) -> None:
+        self.cfg = cfg
+        self.shard, self.num_shards = shard, num_shards
+        configure_torch(cfg)
+        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        params = scorer_params(cfg.scorer.params)
+        if cfg.scorer.shard_mode == "param_shard" and num_shards > 1:
+            names = [n for n, p in model.named_parameters() if p.requires_grad]
+            params = shard_names(names, shard, num_shards)
+        self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id)
+        self.env = make_env(cfg, None)
+        self.reference = make_reference(cfg, self.tok)
+        self._naive_ref: tuple[int, dict] | None = None
+
+    def load_weights(self, weights: Weights, version: int) -> None:
+        self.scorer.load_weights(weights, version)
+
+    def score(self, batch: Validated, attempts: AttemptBatch, grades: GradeBatch) -> ScoredShard:
+        t0 = time.perf_counter()
+        cands = stages.build_candidates(self.env, self.tok, self.cfg, batch.solved,
+                                        attempts.attempts, grades.verdicts)
+        kind = self.cfg.reward.kind
+        if kind == "soar":
+            utility = self._soar(cands)
+            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0,
+                               utility=utility)
+        index = list(range(len(cands)))
+        if self.cfg.scorer.shard_mode == "replica":
+            index = index[self.shard::self.num_shards]
+        if not index or kind not in stages.GRADIENT_KINDS:
+            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0)
+        ref = self.scorer.reference
+        if ref is None or ref.weight_version != self.scorer.weight_version:
+            self.scorer.set_reference(self.reference)
+            ref = self.scorer.reference
+        examples = stages.candidate_examples([cands[i] for i in index])
+        if self.cfg.scorer.mode == "naive":
+            part = self._naive_partials(examples)
+        else:
+            part = self.scorer.partials(examples)
+        return ScoredShard(
+            cands, index, part.inner.tolist(), part.sq.tolist(), float(ref.sq),
+            time.perf_counter() - t0,
+            proj=None if part.proj is None else part.proj.tolist(),
+            ref_proj=None if ref.proj is None else ref.proj.tolist())
+
+    def _naive_partials(self, examples: list) -> Partials:
+        """The plain autograd oracle: one backward per candidate (scorer.mode=naive)."""
+        sc = self.scorer
+        if self._naive_ref is None or self._naive_ref[0] != sc.weight_version:
+            self._naive_ref = (sc.weight_version,
+                               reference_grads(sc.model, sc.params, self.reference))
+        return Partials(*naive_partials(sc.model, sc.params, self._naive_ref[1], examples,
+                                        sc.sketch))
+
+    def _soar(self, cands: list[Candidate]) -> dict[str, float]:
+        """Measured utility of this shard's candidate groups (reward.kind=soar)."""
+        r = self.cfg.reward
+        groups = split_groups(len(cands), r.soar_groups)[self.shard::self.num_shards]
+        groups = [g for g in groups if g]
+        if not groups:
+            return {}
+        values = measured_utility(
+            self.scorer.model, [stages.candidate_examples([cands[i] for i in g]) for g in groups],
+            self.reference, lr=r.soar_lr, inner_steps=r.soar_inner_steps,
+            pad_id=self.tok.pad_token_id)
+        return {cands[i].task_id: v for g, v in zip(groups, values, strict=True) for i in g}

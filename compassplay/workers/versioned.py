@@ -1,0 +1,44 @@
+"""Versioned: a worker that holds weights by version and loads only newer ones."""
+
+from __future__ import annotations
+
+import torch
+
+from compassplay.config import RunConfig
+from compassplay.sync.channel import NcclChannel, open_channel
+
+Weights = dict[str, torch.Tensor]
+
+
+
+class Versioned:
+    """Holds a weight version; `sync` loads newer weights into every engine it owns.
+
+    With `learner.weight_sync=nccl` the role joins the learner's group once (`init_sync`) and
+    then takes each broadcast with `receive(version)`, which loads through `sync`."""
+
+    weight_version: int = 0
+    cfg: RunConfig
+    channel: NcclChannel | None = None
+
+    def sync(self, weights: Weights | None, version: int) -> None:
+        """Load `weights` when `version` is newer than what this role holds."""
+        if weights is not None and version > self.weight_version:
+            self.load_weights(weights, version)
+            self.weight_version = version
+
+    def load_weights(self, weights: Weights, version: int) -> None:  # pragma: no cover
+        raise TypeError(f"{type(self).__name__} holds no weights")
+
+    def init_sync(self, addr: str, port: int, rank: int, world_size: int) -> None:
+        """Join the learner's weight-sync group as `rank` (collective with all members)."""
+        self.channel = open_channel(self.cfg, addr, port, rank, world_size,
+                                    version=self.weight_version)
+
+    def receive(self, version: int) -> int:
+        """Take the broadcast the learner is sending now as `version`; returns the version held."""
+        if self.channel is None:
+            raise RuntimeError("receive() before init_sync(): this role is not in the "
+                               "learner's weight-sync group (restarted actor?)")
+        self.sync(self.channel.receive(version), version)
+        return self.weight_version

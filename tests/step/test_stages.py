@@ -1,0 +1,168 @@
+"""The reward path of one step on real records: sandbox grading, candidates, scorer, rewards."""
+
+import pytest
+
+from compassplay.config import RewardSection, load_config
+from compassplay.envs.code import CodeEnvironment
+from compassplay.models import load_model
+from compassplay.records import Attempt, Generation, Task
+from compassplay.rewards.functions import token_jaccard
+from compassplay.rewards.gradient import GradientScorer
+from compassplay.rewards.oracle import flatten, per_example_grads, reference_grads
+from compassplay.rewards.reference_set import load_reference
+from compassplay.step import stages
+from compassplay.verifiers.python_sandbox import PythonSandbox
+
+WRONG = "```output\n'surely not the answer'\n```"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = load_config(None, ["task.types=[deduction]"])
+    with PythonSandbox(workers=2) as sb:
+        env = CodeEnvironment(cfg.task, sb, seed=0)
+        model, tok = load_model(cfg.model, seed=0)
+        seeds = [t for t in env.buffer.pool("deduction")][:3]
+        proposed = [t.model_copy(update={"task_id": f"p{i}", "source": "proposed",
+                                         "seed_program": seeds[(i + 1) % 3].program})
+                    for i, t in enumerate(seeds)]
+        tasks = env.validate(proposed)
+        assert all(t.valid for t in tasks)
+        # task p0: 2 of 4 attempts right; p1: 4 of 4; p2: 1 of 4
+        right = {"p0": 2, "p1": 4, "p2": 1}
+        attempts = []
+        for t in tasks:
+            gold = env.gold_answer_text(t)
+            for i in range(4):
+                text = gold if i < right[t.task_id] else WRONG
+                gen = Generation(prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], text=text)
+                att = env.parse_attempt(t, text, i)
+                attempts.append(att.model_copy(update={"generation": gen}))
+        bad = Task(task_id="p3", task_type="deduction", invalid_reason="parse:no_code_block")
+        ill = Task(task_id="p4", task_type="deduction", program="def f(x): return x",
+                   inputs=["1"], invalid_reason="invalid:banned_module")
+        verdicts = stages.grade(env, tasks, attempts)
+        cands = stages.build_candidates(env, tok, cfg, tasks, attempts, verdicts)
+        scorer = GradientScorer(model, pad_id=tok.pad_token_id)
+        scorer.set_reference(stages.reference_examples(tok, load_reference(max_items=3)))
+        alignment = stages.score_alignment(scorer, cands)
+        yield cfg, env, tasks + [bad, ill], attempts, verdicts, cands, alignment
+
+
+def test_grading_and_eligibility(setup):
+    _, _, tasks, attempts, verdicts, cands, alignment = setup
+    rates = stages.solve_rates(tasks, verdicts)
+    assert rates == {"p0": 0.5, "p1": 1.0, "p2": 0.25}
+    assert [c.task_id for c in cands] == ["p0", "p2"]  # p1 is solved always: ineligible
+    assert set(alignment) == {"p0", "p2"}
+    for cos, _, norm in alignment.values():
+        assert -1.0 <= cos <= 1.0 and norm > 0
+
+
+def test_alignment_matches_the_autograd_oracle(setup):
+    cfg, _, _, _, _, cands, alignment = setup
+    model, tok = load_model(cfg.model, seed=0)
+    params = dict(model.named_parameters())
+    ref = flatten(reference_grads(model, params, stages.reference_examples(
+        tok, load_reference(max_items=3))))
+    grads = per_example_grads(model, params, stages.candidate_examples(cands))
+    for c, g in zip(cands, grads, strict=True):
+        flat = flatten(g)
+        cos, inner, norm = alignment[c.task_id]
+        assert cos == pytest.approx(float(flat @ ref / (flat.norm() * ref.norm())), abs=1e-4)
+        assert norm == pytest.approx(float(flat.norm()), rel=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["difficulty", "cosine", "inner", "novelty", "cos_novelty"])
+def test_rewards_per_kind(setup, kind):
+    _, _, tasks, _, verdicts, cands, alignment = setup
+    cfg = RewardSection(kind=kind, eta=0.5)
+    scores = {s.task_id: s for s in stages.assign_rewards(cfg, tasks, verdicts, cands,
+                                                           alignment)}
+    assert scores["p3"].reward == -1.0  # unparseable proposal: format penalty
+    assert scores["p4"].reward == -0.5  # parsed but ill-posed: half of it
+    by_cand = {c.task_id: c for c in cands}
+    for tid in ("p0", "p2"):
+        cos, inner, _ = alignment[tid]
+        c = by_cand[tid]
+        nov = 1.0 - token_jaccard(c.novelty_tokens, c.seed_tokens)
+        want = {"difficulty": 1.0 - c.solve_rate, "cosine": cos, "inner": 0.5 * inner,
+                "novelty": nov, "cos_novelty": cos * nov}[kind]
+        assert scores[tid].reward == pytest.approx(want, abs=1e-12)
+        assert scores[tid].eligible
+    assert scores["p1"].reward == 0.0 and not scores["p1"].eligible
+
+
+def test_trajectories_carry_rewards(setup):
+    _, env, tasks, attempts, verdicts, cands, alignment = setup
+    scores = stages.assign_rewards(RewardSection(kind="cosine"), tasks, verdicts, cands,
+                                   alignment)
+    trajs = stages.make_trajectories(env, tasks, attempts, verdicts, scores)
+    solver = [t for t in trajs if t.role == "solver"]
+    assert len(solver) == len(attempts)
+    assert sum(t.reward for t in solver) == 7.0  # 2 + 4 + 1 correct attempts, binary reward
+    assert all(t.role == "solver" for t in trajs)  # these hand-made proposals have no generation
+    assert isinstance(attempts[0], Attempt)
+
+
+def _scored(setup, overrides, num_shards=1):
+    from compassplay.step.messages import AttemptBatch, GradeBatch, Validated, merge_shards
+    from compassplay.workers.scorer import ScorerWorker
+
+    cfg0, _, tasks, attempts, verdicts, _, _ = setup
+    cfg = load_config(None, ["task.types=[deduction]", "reference.max_items=3", *overrides])
+    batch = Validated(0, tasks, [t for t in tasks if t.valid], 0.0)
+    shards = [ScorerWorker(cfg, i, num_shards).score(batch, AttemptBatch(attempts, 0.0),
+                                                   GradeBatch(verdicts, 0.0))
+              for i in range(num_shards)]
+    return shards, merge_shards(shards, cfg.scorer.shard_mode == "param_shard")[1]
+
+
+@pytest.mark.parametrize("overrides,num_shards", [
+    (["scorer.mode=naive"], 1),
+    (["scorer.shard_mode=replica"], 2),
+    (["scorer.shard_mode=param_shard"], 2),
+])
+def test_scorer_roles_agree_with_the_single_batched_scorer(setup, overrides, num_shards):
+    _, _, _, _, _, _, alignment = setup
+    _, got = _scored(setup, ["reward.kind=cosine", *overrides], num_shards)
+    assert set(got) == set(alignment)
+    for tid, (cos, inner, norm) in alignment.items():
+        assert got[tid][0] == pytest.approx(cos, abs=1e-5)
+        assert got[tid][1] == pytest.approx(inner, rel=1e-4, abs=1e-9)
+        assert got[tid][2] == pytest.approx(norm, rel=1e-4)
+
+
+def test_soar_rewards_are_one_value_per_group(setup):
+    _, _, tasks, _, verdicts, cands, _ = setup
+    shards, _ = _scored(setup, ["reward.kind=soar", "reward.soar_groups=1",
+                                "reward.soar_lr=0.01"])
+    utility = shards[0].utility
+    assert set(utility) == {c.task_id for c in cands}
+    assert len(set(utility.values())) == 1  # one group: every candidate gets the same value
+    scores = {s.task_id: s for s in stages.assign_rewards(
+        RewardSection(kind="soar"), tasks, verdicts, cands, {}, utility)}
+    assert scores["p0"].reward == utility["p0"] != 0.0
+    assert scores["p1"].reward == 0.0 and scores["p3"].reward == -1.0
+
+
+def test_prefill_is_part_of_the_prompt_not_of_the_target(setup):
+    _, env, tasks, _, _, _, _ = setup
+    cfg = load_config(None, ["task.types=[deduction]", "solver.prefill=true",
+                             "task.verified_solution=gold"])
+    _, tok = load_model(cfg.model, seed=0)
+    task = tasks[0]
+    prefix = env.response_prefix("solver", "deduction")
+    assert prefix == "```output\n"
+    assert env.response_prefix("proposer", "induction") == "```input\n"
+    # the solver writes only what follows the prefilled opening; it still parses
+    gold = env.gold_answer_text(task)
+    att = env.parse_attempt(task, prefix + gold[len(prefix):], 0)
+    assert att.answer and not att.parse_error
+    verdicts = stages.grade(env, [task], [att, att.model_copy(update={"index": 1,
+                                                                      "answer": "'x'"})])
+    cands = stages.build_candidates(env, tok, cfg, [task], [att, att], verdicts)
+    assert len(cands) == 1
+    pre_ids = tok.encode(prefix, add_special_tokens=False)
+    assert cands[0].prompt_ids[-len(pre_ids):] == pre_ids
+    assert tok.decode(cands[0].target_ids[:-1]) == gold[len(prefix):]
