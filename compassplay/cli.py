@@ -74,6 +74,7 @@ def _run(args: argparse.Namespace) -> int:
     if config_path is None:
         config_path = "default"  # the shipped default (compassplay/configs/default.yaml)
     cfg = load_config(config_path, args.overrides)
+    logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
     run_dir = launch_run(cfg, executor=args.executor, resume=args.resume)
     print(f"run finished: {run_dir}")
     return 0

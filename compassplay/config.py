@@ -114,8 +114,11 @@ class VerifierSection(Section):
 class ScorerSection(Section):
     mode: Literal["batched", "naive"] = "batched"
     params: str = Field("all", description="'all', comma-separated name globs, or proj:DIM")
-    micro_batch: int = Field(8, ge=1)
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    max_batch_tokens: int = Field(16384, ge=64, description="padded tokens per batched "
+                                  "scorer pass (the scorer's memory knob)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the scorer's model copy (partials accumulate in "
+        "float32/float64; `compassplay bench scorer` reports the cosine error vs float32)")
     num_scorers: int = Field(1, ge=1)
     shard_mode: Literal["replica", "param_shard"] = "replica"
 
@@ -143,7 +146,6 @@ class LearnerSection(Section):
 class PipelineSection(Section):
     steps: int = Field(2, ge=1)
     staleness: int = Field(0, ge=0, description="0 = synchronous; k = rollout k steps ahead")
-    queue_size: int = Field(4, ge=1)
 
 
 class LoggingSection(Section):

@@ -1,52 +1,39 @@
 """Ray actors for the self-play roles: thin shells over `compassplay.workers`.
 
-Each actor owns one role object. Weights travel as an ObjectRef wrapped in a list (so Ray does
-not fetch them eagerly); an actor fetches them only when the offered version is newer than the
-one it holds, which also brings a restarted actor up to date on its next call.
+Each actor owns one worker object and runs the step's stages on it with one generic method,
+`run_stage(call, *args)` (see `step.graph`): Ray resolves the ObjectRefs among `args` before
+the call, except a weights offer's state, which stays a reference in a list until the worker
+finds its version newer than the one it holds (`ray.get` then fetches it). That also brings a
+restarted actor up to date on its next call.
 
-With `learner.weight_sync=nccl` the driver passes an empty list instead and the weights arrive
-by `receive(version)` calls paired with the learner's `broadcast` (see `pipeline.Pipeline`).
+With `learner.weight_sync=nccl` the state does not travel with the call: it arrives by
+`receive(version)` calls paired with the learner's `broadcast` (see `executors.ray_driver`).
 """
 
 from __future__ import annotations
 
 import traceback
 import uuid
+from typing import Any
 
 import ray
 
 from compassplay.config import RunConfig
-from compassplay.records import Task
-from compassplay.step.messages import (
-    AttemptBatch,
-    GradeBatch,
-    Proposals,
-    ScoredShard,
-    StepResult,
-    Validated,
-)
+from compassplay.step.graph import StageCall, run_stage
 from compassplay.workers.generators import ProposerWorker, SolverWorker
 from compassplay.workers.learner import LearnerWorker
 from compassplay.workers.scorer import ScorerWorker
 from compassplay.workers.verifier import VerifierWorker
 
 
-def _sync(role, version: int, wref: list) -> None:
-    if wref and version > role.weight_version:
-        role.sync(ray.get(wref[0]), version)
-    elif version > role.weight_version:  # nccl mode: the broadcast did not arrive
-        raise RuntimeError(f"step needs weight version {version} but this actor holds "
-                           f"{role.weight_version} and got no weights (restarted receiver?)")
-
-
 class _Shell:
-    """Common actor methods: start-up report, weight version and a per-incarnation id.
+    """Common actor methods: start-up report, stage calls, weight version, incarnation id.
 
-    The role is built by `_build`, which keeps a constructor error instead of raising it: the
-    driver asks `ready()` and reports one line naming the role and the cause, where a raising
-    constructor would print Ray's traceback from every worker."""
+    The worker is built by `_build`, which keeps a constructor error instead of raising it:
+    the driver asks `ready()` and reports one line naming the role and the cause, where a
+    raising constructor would print Ray's traceback from every worker."""
 
-    role: object
+    role: Any
 
     def _build(self, make) -> None:
         try:
@@ -60,8 +47,12 @@ class _Shell:
         self.incarnation()
 
     def ready(self) -> tuple[str, str]:
-        """('', '') once the role is built; else (the cause in one line, its traceback)."""
+        """('', '') once the worker is built; else (the cause in one line, its traceback)."""
         return self._start_error
+
+    def run_stage(self, call: StageCall, *args: Any) -> Any:
+        """Run one stage of the step graph on this actor's worker."""
+        return run_stage(self.role, call, args, fetch=ray.get)
 
     def incarnation(self) -> str:
         if not hasattr(self, "_incarnation"):
@@ -87,13 +78,8 @@ class ProposerActor(_Receiver):
     def __init__(self, cfg: RunConfig) -> None:
         self._build(lambda: ProposerWorker(cfg))
 
-    def propose(self, step: int, previous: Validated | None, snapshot: bool, version: int,
-                wref: list) -> Proposals:
-        _sync(self.role, version, wref)
-        return self.role.propose(step, previous, snapshot)
-
-    def load_buffer(self, state: dict | None, pending: list[Task]) -> None:
-        self.role.load_buffer(state, pending)
+    def load_env_state(self, state: dict | None) -> None:
+        self.role.load_env_state(state)
 
 
 @ray.remote
@@ -101,21 +87,11 @@ class SolverActor(_Receiver):
     def __init__(self, cfg: RunConfig) -> None:
         self._build(lambda: SolverWorker(cfg))
 
-    def solve(self, batch: Validated, version: int, wref: list) -> AttemptBatch:
-        _sync(self.role, version, wref)
-        return self.role.solve(batch)
-
 
 @ray.remote
 class VerifierActor(_Shell):
     def __init__(self, cfg: RunConfig) -> None:
         self._build(lambda: VerifierWorker(cfg))
-
-    def validate(self, props: Proposals) -> Validated:
-        return self.role.validate(props)
-
-    def grade(self, batch: Validated, attempts: AttemptBatch) -> GradeBatch:
-        return self.role.grade(batch, attempts)
 
     def stats(self) -> dict:
         return self.role.stats()
@@ -129,23 +105,15 @@ class ScorerActor(_Receiver):
     def __init__(self, cfg: RunConfig, shard: int, num_shards: int) -> None:
         self._build(lambda: ScorerWorker(cfg, shard, num_shards))
 
-    def score(self, batch: Validated, attempts: AttemptBatch, grades: GradeBatch, version: int,
-              wref: list) -> ScoredShard:
-        _sync(self.role, version, wref)
-        return self.role.score(batch, attempts, grades)
-
 
 @ray.remote
 class LearnerActor(_Shell):
     def __init__(self, cfg: RunConfig, run_dir: str, restore: bool) -> None:
         self._build(lambda: LearnerWorker(cfg, run_dir, restore=restore))
 
-    def learn(self, props: Proposals, batch: Validated, attempts: AttemptBatch,
-              grades: GradeBatch, *shards: ScoredShard) -> StepResult:
-        return self.role.learn(props, batch, attempts, grades, list(shards))
-
-    def weights(self, role: str = "solver") -> dict:
-        return self.role.weights(role)
+    def snapshot(self, role: str = "solver") -> tuple[int, dict]:
+        """(version, weights) as two returns: call with .options(num_returns=2)."""
+        return self.role.snapshot(role)
 
     def sync_address(self) -> tuple[str, int]:
         return self.role.sync_address()

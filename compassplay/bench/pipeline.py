@@ -1,6 +1,6 @@
 """`compassplay bench pipeline`: how much of the work the Ray pipeline overlaps.
 
-Stand-in mode (default): the real driver (`pipeline.Pipeline`) runs actors whose stages sleep
+Stand-in mode (default): the real driver (`executors.ray_driver.Pipeline`) runs actors whose stages sleep
 for set durations per step: generation (split evenly between proposer and solver), verification
 (split between validate and grade), scoring and learning. Reported:
 - serial_s: steps x (sum of stage durations), no overlap at all;
@@ -27,9 +27,8 @@ from compassplay.actors.placement import ActorSet
 from compassplay.config import load_config
 from compassplay.executors.ray_driver import Pipeline, init_ray
 from compassplay.records import StepStats
+from compassplay.step.graph import StageCall
 from compassplay.step.messages import StepResult
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,48 +45,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @ray.remote(num_cpus=0)
 class _Sleeper:
-    """Stands in for every role: each method sleeps its set duration and passes a token on."""
+    """Stands in for every role: each stage sleeps its set duration (0 for the bookkeeping
+    stages update_buffer, env_state and candidates) and passes a token on."""
 
     def __init__(self, seconds: dict[str, float]) -> None:
         self.s, self.done = seconds, 0
 
-    def _nap(self, stage: str, value=None):
-        time.sleep(self.s[stage])
-        return value
-
-    def propose(self, step, previous, snapshot, version, wref):
-        return self._nap("propose", step)
-
-    def validate(self, props):
-        return self._nap("validate", props)
-
-    def solve(self, batch, version, wref):
-        return self._nap("solve", batch)
-
-    def grade(self, batch, attempts):
-        return self._nap("grade", batch)
-
-    def score(self, batch, attempts, grades, version, wref):
-        return self._nap("score", batch)
-
-    def learn(self, step, batch, attempts, grades, *shards):
-        self._nap("learn")
+    def run_stage(self, call: StageCall, *args):
+        time.sleep(self.s.get(call.stage, 0.0))
+        if call.stage != "learn":
+            return call.step
         self.done += 1
-        stats = StepStats(step=step, weight_version=self.done, proposals=0, valid=0,
+        stats = StepStats(step=call.step, weight_version=self.done, proposals=0, valid=0,
                           eligible=0, solve_rate_mean=0.0, reward_mean=0.0, reward_std=0.0,
                           reward_distinct=0, loss=0.0, grad_norm=0.0, solver_accuracy=0.0)
         return StepResult(stats, self.done)
 
-    def weights(self, role="solver"):
-        return {}
+    def snapshot(self, role="solver"):
+        return self.done, {}
 
-    def load_buffer(self, state, pending):
+    def load_env_state(self, state):
         return None
 
     def incarnation(self):
         return "stand-in"
 
     def weight_version(self):
+        return self.done
+
+    def steps_done(self):
         return self.done
 
     def restored_state(self):

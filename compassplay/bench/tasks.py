@@ -129,7 +129,7 @@ def _generate(engine, tok, prompts: list[str], prefix: str, max_new_tokens: int,
               args: argparse.Namespace, seed: int) -> list:
     """Completions (after the prefilled `prefix`) built exactly as the self-play stages do."""
     from compassplay.engines.base import SamplingParams
-    from compassplay.step.stages import prompt_ids
+    from compassplay.step.prompting import prompt_ids
 
     ids = [prompt_ids(tok, p, prefix) for p in prompts]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,

@@ -1,8 +1,10 @@
-"""The in-process executor: the roles of `roles.py` called in order, synchronously.
+"""The in-process executor: the step graph run on worker objects in one process.
 
-The reference path for debugging and for tests that compare against the Ray pipeline: each role
-keeps its own copy of the weights and receives the learner's weights by version after every
-update, exactly as the actors do, so equal seeds give equal metrics in both executors.
+The reference path for debugging and for tests that compare against the Ray executor: the
+same `step.graph.submit_step`, with a `Dispatch` that calls workers directly. Each worker
+keeps its own copy of the weights and is offered the learner's snapshots through the same
+`VersionGate`, so equal seeds give equal metrics in both executors, staleness included (a
+rollout uses the weights after learn(k - staleness - 1); here nothing overlaps in time).
 """
 
 from __future__ import annotations
@@ -10,15 +12,18 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from compassplay.config import RunConfig
 from compassplay.records import StepStats
 from compassplay.run.runlog import RunLog
+from compassplay.step.graph import Role, StageCall, run_stage, submit_step
+from compassplay.sync.version_gate import VersionGate
 from compassplay.workers.generators import ProposerWorker, SolverWorker
 from compassplay.workers.learner import (
     LearnerWorker,
     is_checkpoint_step,
-    restored_buffer,
+    restored_env_state,
     restored_metrics,
 )
 from compassplay.workers.scorer import ScorerWorker
@@ -27,61 +32,78 @@ from compassplay.workers.verifier import VerifierWorker
 log = logging.getLogger(__name__)
 
 
+class InProcess:
+    """A Dispatch that runs each stage at once on the worker object (handles are values)."""
+
+    def __init__(self, workers: dict[Role, list[Any]]) -> None:
+        self.workers = workers
+
+    def count(self, role: Role) -> int:
+        return len(self.workers[role])
+
+    def call(self, role: Role, index: int, call: StageCall, args: list[Any]) -> Any:
+        return run_stage(self.workers[role][index], call, args)
+
+
 class LocalExecutor:
-    """Owns every role in one process; `run()` executes steps start_step..pipeline.steps-1."""
+    """Owns every worker in one process; `run()` executes steps start_step..pipeline.steps-1."""
 
     def __init__(self, cfg: RunConfig, run_dir: Path, resume: bool = False) -> None:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.learner = LearnerWorker(cfg, str(run_dir), restore=resume)
         self.proposer = ProposerWorker(cfg)
-        self.solver = SolverWorker(cfg)
-        self.verifier = VerifierWorker(cfg)
+        self.verifiers = [VerifierWorker(cfg) for _ in range(cfg.cluster.num_verifiers)]
         n = cfg.scorer.num_scorers
         self.scorers = [ScorerWorker(cfg, i, n) for i in range(n)]
+        self.solver = SolverWorker(cfg)
+        self.dispatch = InProcess({"proposer": [self.proposer], "solver": [self.solver],
+                                   "verifier": self.verifiers, "scorer": self.scorers,
+                                   "learner": [self.learner]})
         self.runlog = RunLog(self.run_dir, cfg, resume=resume)
         self.start_step = self.learner.steps_done
         state = self.learner.restored_state
+        self.proposer.load_env_state(restored_env_state(state) if state else None)
         if state is not None:
-            self.proposer.load_buffer(*restored_buffer(state))
             self.runlog.rewind(*restored_metrics(state))
             log.info("resumed %s at step %d", self.run_dir, self.start_step)
         elif resume:
             self.runlog.rewind(0, [])
-        self.sync()
+        self.gate: VersionGate[dict] = VersionGate(cfg.pipeline.staleness)
+        self.gate.reset(self.start_step - 1, self.snapshot())
 
-    def sync(self) -> None:
-        """Push the learner's current weights (by version) to every generator and scorer."""
-        v = self.learner.weight_version
-        solver_w = self.learner.weights("solver")
-        shared = self.cfg.learner.shared_model
-        proposer_w = solver_w if shared else self.learner.weights("proposer")
-        self.proposer.sync(proposer_w, v)
-        self.solver.sync(solver_w, v)
-        for s in self.scorers:
-            s.sync(solver_w, v)
+    def snapshot(self) -> dict[str, tuple[int, list]]:
+        """The learner's current weights per generator role, as the gate hands them out.
+        Copies when a later step may still need them (staleness > 0: learning goes on)."""
+        copy = self.cfg.pipeline.staleness > 0
+        out = {}
+        for role in ("solver", "proposer"):
+            if role == "proposer" and self.cfg.learner.shared_model:
+                out[role] = out["solver"]
+                continue
+            version, state = self.learner.snapshot(role)
+            if copy:
+                state = {k: v.detach().clone() for k, v in state.items()}
+            out[role] = (version, [state])
+        return out
 
     def run(self, progress: Callable[[StepStats], None] | None = None) -> list[StepStats]:
-        out, previous = [], None
+        out = []
         try:
             for step in range(self.start_step, self.cfg.pipeline.steps):
-                props = self.proposer.propose(step, previous,
-                                              snapshot=is_checkpoint_step(self.cfg, step))
-                batch = self.verifier.validate(props)
-                attempts = self.solver.solve(batch)
-                grades = self.verifier.grade(batch, attempts)
-                shards = [s.score(batch, attempts, grades) for s in self.scorers]
-                result = self.learner.learn(props, batch, attempts, grades, shards)
-                self.sync()
+                handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
+                                      is_checkpoint_step(self.cfg, step))
+                self.gate.report(step, self.snapshot())
+                result = handles["learn"]
                 self.runlog.write(result.stats)
                 self.runlog.write_samples(result.extra.get("samples", []))
                 out.append(result.stats)
                 log.info("step %d: %s", step, brief(result.stats))
                 if progress is not None:
                     progress(result.stats)
-                previous = batch
         finally:
-            self.verifier.close()
+            for v in self.verifiers:
+                v.close()
             self.runlog.close()
         return out
 

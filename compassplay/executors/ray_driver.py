@@ -1,18 +1,18 @@
-"""The Ray executor: the roles run as actors, wired by ObjectRefs, with bounded staleness.
+"""The Ray executor: the step graph run as actor calls, wired by ObjectRefs, bounded staleness.
 
-Per step k the driver submits, without waiting:
-
-    propose(k) -> validate -> solve -> grade -> score (one call per scorer shard) -> learn(k)
-
-and then `weights()` of the learner, whose ref feeds the generators of step k+1+staleness.
-Every payload moves between actors as an ObjectRef; the driver only fetches each step's small
+Per step k the driver submits, without waiting, the stages of `step.graph.STEP` as actor
+calls (`RayDispatch`): propose -> validate (on every verifier) -> update_buffer -> solve ->
+grade (every verifier) -> candidates -> score (every scorer shard) -> learn; then asks the
+learner for a snapshot of its weights, (version, state) as two ObjectRefs, and reports it to
+the `VersionGate`, which says which snapshot the rollout of each later step may use. Every
+payload moves between actors as an ObjectRef; the driver only fetches each step's small
 StepResult. At most `staleness + 1` steps are in flight: with staleness 0 the run is
-synchronous and equals the local executor; with staleness 1 rollout of step k+1 overlaps scoring
-and learning of step k.
+synchronous and equals the local executor; with staleness 1 rollout of step k+1 overlaps
+scoring and learning of step k.
 
 With `learner.weight_sync=nccl` (GPU) the learner instead broadcasts each new version to the
 proposer, solver and scorers over an NCCL group (`compassplay.sync.channel`): the driver
-pairs `learner.broadcast(v)` with `receive(v)` on every receiver, submitted together right
+pairs `learner.broadcast()` with `receive(v)` on every receiver, submitted together right
 after `learn(k)`, so each receiver takes version v before its next stage call (staleness then
 acts as 0: a receiver's next rollout waits for the broadcast).
 
@@ -41,11 +41,33 @@ from compassplay.records import StepStats
 from compassplay.run.interrupt import StopRequest
 from compassplay.run.metrics import RunMetrics
 from compassplay.run.runlog import RunLog
+from compassplay.step.graph import Role, StageCall, submit_step
 from compassplay.step.messages import StepResult
 from compassplay.sync.channel import check_weight_sync
-from compassplay.workers.learner import is_checkpoint_step, restored_buffer, restored_metrics
+from compassplay.sync.version_gate import VersionGate
+from compassplay.workers.learner import (
+    is_checkpoint_step,
+    restored_env_state,
+    restored_metrics,
+)
 
 log = logging.getLogger(__name__)
+
+
+class RayDispatch:
+    """A Dispatch that submits each stage as an actor call (handles are ObjectRefs)."""
+
+    def __init__(self, actors: ActorSet) -> None:
+        self.by_role: dict[Role, list[Any]] = {
+            "proposer": [actors.proposer], "solver": [actors.solver],
+            "verifier": actors.verifiers, "scorer": actors.scorers,
+            "learner": [actors.learner]}
+
+    def count(self, role: Role) -> int:
+        return len(self.by_role[role])
+
+    def call(self, role: Role, index: int, call: StageCall, args: list[Any]) -> Any:
+        return self.by_role[role][index].run_stage.remote(call, *args)
 
 
 @dataclass
@@ -64,33 +86,39 @@ class Pipeline:
                  progress: Callable[[StepStats], None] | None = None,
                  stop: StopRequest | None = None) -> None:
         self.cfg, self.run_dir, self.actors = cfg, Path(run_dir), actors
-        self.stop = stop or StopRequest()
         self.runlog, self.metrics, self.progress = runlog, metrics, progress
+        self.stop = stop or StopRequest()
+        self.dispatch = RayDispatch(actors)
+        self.gate: VersionGate[dict] = VersionGate(cfg.pipeline.staleness)
         self.recorded: list[StepStats] = []
         self.recorded_at: list[float] = []
-        self.batches: dict[int, Any] = {}
-        self.max_version = 0
         self.nccl = cfg.learner.weight_sync == "nccl"
+        self.verifier_stats: dict[str, dict] = {}
+        self._stats_refs: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------- weights
-    def _ask_weights(self, version: int) -> tuple[int, list, list]:
-        """(version, [solver ref], [proposer ref]) of the learner's weights after its queued
-        calls; with nccl sync, broadcast them now and hand the stage calls no refs ([])."""
+    def _snapshot(self) -> dict[str, tuple[Any, list]]:
+        """The learner's weights after its queued calls, as the gate hands them out: per
+        role (version ref, [state ref]); with nccl sync, broadcast them now (state: [])."""
         learner = self.actors.learner
-        self.max_version = max(self.max_version, version)
         if self.nccl:
-            learner.broadcast.remote(version)
+            version = learner.broadcast.remote()
             for receiver in self._receivers():
                 receiver.receive.remote(version)
-            return version, [], []
-        solver = [learner.weights.remote("solver")]
-        proposer = solver if self.cfg.learner.shared_model else [learner.weights.remote("proposer")]
-        return version, solver, proposer
+            return {"solver": (version, []), "proposer": (version, [])}
+        out = {}
+        for role in ("solver", "proposer"):
+            if role == "proposer" and self.cfg.learner.shared_model:
+                out[role] = out["solver"]
+                continue
+            version, state = learner.snapshot.options(num_returns=2).remote(role)
+            out[role] = (version, [state])
+        return out
 
-    def _reset_weights(self, after_step: int, version: int) -> None:
+    def _reset_weights(self, after_step: int) -> None:
         if self.nccl:  # (re-)form the group: a restarted receiver has left the old one
             self._init_sync()
-        self.weights = {after_step: self._ask_weights(version)}
+        self.gate.reset(after_step, self._snapshot())
 
     def _receivers(self) -> list[Any]:
         return [self.actors.proposer, self.actors.solver, *self.actors.scorers]
@@ -104,31 +132,12 @@ class Pipeline:
                 + [r.init_sync.remote(addr, port, rank, world)
                    for rank, r in enumerate(receivers, start=1)])
 
-    def _weights_for(self, step: int) -> tuple[int, list, list]:
-        """The weights rollout `step` uses: those after learn(step - staleness - 1)."""
-        due = step - self.cfg.pipeline.staleness - 1
-        keys = [k for k in self.weights if k <= due]
-        return self.weights[max(keys) if keys else min(self.weights)]
-
     # ------------------------------------------------------------------------------- submit
     def _submit(self, step: int) -> InFlight:
-        a = self.actors
-        v, w_solver, w_proposer = self._weights_for(step)
-        props = a.proposer.propose.remote(step, self.batches.get(step - 1),
-                                          is_checkpoint_step(self.cfg, step), v, w_proposer)
-        verifier = a.verifiers[step % len(a.verifiers)]
-        batch = verifier.validate.remote(props)
-        attempts = a.solver.solve.remote(batch, v, w_solver)
-        grades = verifier.grade.remote(batch, attempts)
-        shards = [s.score.remote(batch, attempts, grades, v, w_solver) for s in a.scorers]
-        result = a.learner.learn.remote(props, batch, attempts, grades, *shards)
-        self.batches = {k: b for k, b in self.batches.items() if k >= step - 1}
-        self.batches[step] = batch
-        newest = max(self.weights)
-        self.weights[step] = self._ask_weights(self.weights[newest][0] + 1)
-        horizon = step - self.cfg.pipeline.staleness - 1
-        self.weights = {k: w for k, w in self.weights.items() if k >= horizon or k == step}
-        return InFlight(step, result)
+        handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
+                              is_checkpoint_step(self.cfg, step))
+        self.gate.report(step, self._snapshot())
+        return InFlight(step, handles["learn"])
 
     # ------------------------------------------------------------------------------- record
     def _record(self, result: StepResult) -> None:
@@ -140,25 +149,37 @@ class Pipeline:
             self.runlog.write_samples(result.extra.get("samples", []))
         if self.metrics is not None:
             self.metrics.observe_step(stats)
-            try:
-                snap = ray.get(self.actors.verifiers[0].stats.remote(), timeout=5)
-                self.metrics.observe_verifier(snap, time.time())
-            except (RayError, TimeoutError):
-                pass
+            self._poll_verifier_stats()
         if self.progress is not None:
             self.progress(stats)
 
+    def _poll_verifier_stats(self) -> None:
+        """Collect the sandbox stats of every verifier without blocking: the replies that
+        arrived since the last step are recorded, and a new request goes to each of them."""
+        for i, actor in enumerate(self.actors.verifiers):
+            name = f"verifier-{i}"
+            ref = self._stats_refs.get(name)
+            if ref is not None:
+                if not ray.wait([ref], timeout=0)[0]:
+                    continue  # still busy: ask again next step
+                try:
+                    self.verifier_stats[name] = ray.get(ref)
+                except RayError as exc:
+                    log.warning("stats of %s unavailable (%s)", name, type(exc).__name__)
+            self._stats_refs[name] = actor.stats.remote()
+        if self.verifier_stats:
+            self.metrics.observe_verifiers(self.verifier_stats, time.time())
+
     # ------------------------------------------------------------------------------- restore
-    def _start(self, restored: dict | None, base_version: int) -> int:
+    def _start(self, restored: dict | None) -> int:
         """Apply a learner's restored state (or a fresh start) to the proposer and the log."""
         a = self.actors
-        buffer, pending = restored_buffer(restored) if restored else (None, [])
-        ray.get(a.proposer.load_buffer.remote(buffer, pending))
+        ray.get(a.proposer.load_env_state.remote(restored_env_state(restored) if restored
+                                                 else None))
         if self.runlog is not None:
             self.runlog.rewind(*(restored_metrics(restored) if restored else (0, [])))
         start = restored["step"] + 1 if restored else 0
-        self.batches = {}
-        self._reset_weights(start - 1, base_version)
+        self._reset_weights(start - 1)
         self.proposer_incarnation = ray.get(a.proposer.incarnation.remote())
         return start
 
@@ -171,27 +192,39 @@ class Pipeline:
         done = call_when_up(a.learner.steps_done)
         same_proposer = call_when_up(a.proposer.incarnation) == self.proposer_incarnation
         if done == failed and same_proposer:
-            self._reset_weights(failed - 1, call_when_up(a.learner.weight_version))
+            self._reset_weights(failed - 1)
             return failed
         log.warning("learner or proposer restarted: rolling back to the latest checkpoint")
-        restored = call_when_up(a.learner.restore, self.max_version + 1)
-        version = call_when_up(a.learner.weight_version)
-        start = self._start(restored, version)
+        restored = call_when_up(a.learner.restore, self._newest_version() + 1)
+        start = self._start(restored)
         keep = [i for i, s in enumerate(self.recorded) if s.step < start]
         self.recorded = [self.recorded[i] for i in keep]
         self.recorded_at = [self.recorded_at[i] for i in keep]
         return start
 
+    def _newest_version(self) -> int:
+        """The newest weight version an actor may hold. Version refs are small, so they live
+        in the driver's memory store and survive the learner's death."""
+        best = max((s.weight_version for s in self.recorded), default=0)
+        for snap in self.gate.snapshots():
+            ref = snap["solver"][0]
+            if ray.wait([ref], timeout=0)[0]:
+                try:
+                    best = max(best, int(ray.get(ref)))
+                except RayError:
+                    pass
+        return best
+
     # ------------------------------------------------------------------------------- run
     def run(self, resume: bool = False) -> list[StepStats]:
         a = self.actors
         restored = ray.get(a.learner.restored_state.remote()) if resume else None
-        step = self._start(restored, ray.get(a.learner.weight_version.remote()))
+        step = self._start(restored)
         if restored is not None:
             log.info("resumed %s at step %d", self.run_dir, step)
         pending: deque[InFlight] = deque()
         while step < self.cfg.pipeline.steps or pending:
-            if step < self.cfg.pipeline.steps and len(pending) <= self.cfg.pipeline.staleness:
+            if step < self.cfg.pipeline.steps and self.gate.may_submit(len(pending)):
                 pending.append(self._submit(step))
                 step += 1
                 if self.metrics is not None:

@@ -14,8 +14,8 @@ briefly on the shipped seed buffer so that, sampled at temperature ~1, it
   trained once on its gold answer and once on the gold answer of another training task, so
   solve rates land strictly between 0 and 1 and proposals become eligible.
 
-Every prompt is built exactly as a run builds it (`stages.chat_ids` over the environment's
-prompt text; targets are `stages.target_ids`), every training proposal is checked to parse
+Every prompt is built exactly as a run builds it (`prompting.chat_ids` over the environment's
+prompt text; targets are `prompting.target_ids`), every training proposal is checked to parse
 with `CodeEnvironment.parse_proposal`, and the loss covers completion tokens only (the prompt
 runs without gradient, as a KV cache). Training is deterministic: seeded, one torch thread, a
 fixed batch order; `DEFAULT_STEPS` take ~2 CPU-minutes.
@@ -45,7 +45,7 @@ from compassplay.envs.code import CodeEnvironment, prompts
 from compassplay.envs.code.programs import check_input, normalize_value, values_equal
 from compassplay.models.loading import load_tiny
 from compassplay.records import Task
-from compassplay.step.stages import chat_ids, target_ids
+from compassplay.step.prompting import chat_ids, target_ids
 
 log = logging.getLogger(__name__)
 

@@ -42,6 +42,9 @@ class RunMetrics:
                                          registry=r)
         self.verifier_runs = Gauge("compassplay_verifier_runs", "sandbox runs by status",
                                    ["status"], registry=r)
+        self.verifier_actor_runs = Gauge("compassplay_verifier_actor_runs",
+                                         "sandbox runs so far, per verifier actor", ["actor"],
+                                         registry=r)
         self.loss = Gauge("compassplay_learner_loss", "policy loss of the last step", registry=r)
         self.grad_norm = Gauge("compassplay_learner_grad_norm", "pre-clip gradient norm",
                                registry=r)
@@ -69,12 +72,19 @@ class RunMetrics:
         self.loss.set(s.loss)
         self.grad_norm.set(s.grad_norm)
 
-    def observe_verifier(self, snapshot: dict, now: float) -> None:
-        """A SandboxStats snapshot: runs by status and the run rate since the last call."""
-        for status, n in snapshot.get("counts", {}).items():
+    def observe_verifiers(self, snapshots: dict[str, dict], now: float) -> None:
+        """SandboxStats snapshots by verifier actor (the latest of each): runs by status and
+        per actor, summed queue depth, and the total run rate since the last call."""
+        counts: dict[str, int] = {}
+        for name, snap in snapshots.items():
+            for status, n in snap.get("counts", {}).items():
+                counts[status] = counts.get(status, 0) + n
+            self.verifier_actor_runs.labels(name).set(snap.get("runs_total", 0))
+        for status, n in counts.items():
             self.verifier_runs.labels(status).set(n)
-        total = snapshot.get("runs_total", 0)
+        total = sum(s.get("runs_total", 0) for s in snapshots.values())
         if self._last_runs is not None and now > self._last_runs[0]:
             self.verifier_runs_per_s.set((total - self._last_runs[1]) / (now - self._last_runs[0]))
         self._last_runs = (now, total)
-        self.queue_depth.labels("verifier").set(snapshot.get("queue_depth", 0))
+        self.queue_depth.labels("verifier").set(
+            sum(s.get("queue_depth", 0) for s in snapshots.values()))

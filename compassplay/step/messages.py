@@ -1,41 +1,96 @@
-"""The batch records the roles pass each other within one step (each carries its seconds)."""
+"""The messages the stages of one step pass each other (each carries the seconds it took).
+
+A stage that runs on several workers at once (validate and grade on every verifier, score on
+every scorer shard) returns one part per worker; `Validated.merge` and `GradeBatch.merge` put
+the parts back together in order, and `GradeBatch.merge` computes the solve rates s(x) once.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-
-import torch
+from typing import TypeVar
 
 from compassplay.records import Attempt, Candidate, StepStats, Task, Verdict
-from compassplay.rewards.gradient import Partials, finalize
+
+T = TypeVar("T")
+
+
+def part_of(items: list[T], part: int, parts: int) -> list[T]:
+    """The `part`-th of `parts` contiguous, near-equal slices of `items` (parts may be empty)."""
+    n = len(items)
+    lo, hi = (n * part) // parts, (n * (part + 1)) // parts
+    return items[lo:hi]
 
 
 @dataclass
 class Proposals:
+    """The proposer's output: parsed proposed tasks and buffer tasks the solver also attempts."""
+
     step: int
     tasks: list[Task]
     seed_tasks: list[Task]
     seconds: float
-    buffer_state: dict | None = None
 
 
 @dataclass
 class Validated:
+    """Proposed tasks after the well-posedness check (one verifier's slice, or all of them)."""
+
     step: int
     tasks: list[Task]
-    solved: list[Task]
+    seed_tasks: list[Task]
     seconds: float
+
+    @property
+    def solved(self) -> list[Task]:
+        """What the solver attempts: the valid proposed tasks, then the buffer tasks."""
+        return [t for t in self.tasks if t.valid] + self.seed_tasks
+
+    @staticmethod
+    def merge(parts: list[Validated]) -> Validated:
+        """The slices of all verifiers, in part order (seconds: the slowest part)."""
+        return Validated(parts[0].step, [t for p in parts for t in p.tasks], parts[0].seed_tasks,
+                         max(p.seconds for p in parts))
 
 
 @dataclass
 class AttemptBatch:
+    """The solver's attempts: n per solved task, in task order then sample order."""
+
     attempts: list[Attempt]
     seconds: float
 
 
 @dataclass
 class GradeBatch:
+    """Verdicts in attempt order; after `merge`, `rates` holds s(x) per solved task."""
+
     verdicts: list[Verdict]
+    seconds: float
+    rates: dict[str, float] = field(default_factory=dict)
+
+    @staticmethod
+    def merge(parts: list[GradeBatch], solved: list[Task]) -> GradeBatch:
+        verdicts = [v for p in parts for v in p.verdicts]
+        return GradeBatch(verdicts, max(p.seconds for p in parts), solve_rates(solved, verdicts))
+
+
+def solve_rates(tasks: list[Task], verdicts: list[Verdict]) -> dict[str, float]:
+    """s(x) = correct / attempts for each task with attempts."""
+    total: Counter = Counter()
+    good: Counter = Counter()
+    for v in verdicts:
+        total[v.task_id] += 1
+        good[v.task_id] += int(v.correct)
+    return {t.task_id: good[t.task_id] / total[t.task_id] for t in tasks if total[t.task_id]}
+
+
+@dataclass
+class Candidates:
+    """Eligible proposed tasks (valid, 0 < s < 1, a verified solution) as scorer inputs."""
+
+    cands: list[Candidate]
     seconds: float
 
 
@@ -57,45 +112,8 @@ class ScoredShard:
 
 @dataclass
 class StepResult:
+    """What the learner returns for a step: its metrics line and what goes to samples.jsonl."""
+
     stats: StepStats
     weight_version: int
     extra: dict = field(default_factory=dict)
-
-
-def merge_shards(shards: list[ScoredShard], param_shard: bool = False
-                 ) -> tuple[list[Candidate], dict[str, tuple]]:
-    """Sum partials over shards and finalize cosines: {task_id: (cosine, inner, grad_norm)}.
-
-    Replica shards partition the candidates (each holds the full reference norm); parameter
-    shards partition the parameters, so their reference partials add up too.
-    """
-    cands = shards[0].cands
-    n = len(cands)
-    inner = torch.zeros(n, dtype=torch.float64)
-    sq = torch.zeros(n, dtype=torch.float64)
-    proj = None
-    ref_sq = 0.0
-    ref_proj = None
-    for s in shards:
-        if not s.index:
-            continue
-        ix = torch.tensor(s.index)
-        inner.index_add_(0, ix, torch.tensor(s.inner, dtype=torch.float64))
-        sq.index_add_(0, ix, torch.tensor(s.sq, dtype=torch.float64))
-        if s.proj is not None:
-            p = torch.tensor(s.proj, dtype=torch.float64)
-            proj = torch.zeros(n, p.shape[1], dtype=torch.float64) if proj is None else proj
-            proj.index_add_(0, ix, p)
-            rp = torch.tensor(s.ref_proj, dtype=torch.float64)
-            ref_proj = rp if ref_proj is None or not param_shard else ref_proj + rp
-        ref_sq = ref_sq + s.ref_sq if param_shard else s.ref_sq
-    if not any(s.index for s in shards):
-        return cands, {}
-    scores = finalize(Partials(inner, sq, proj), ref_sq, ref_proj)
-    return cands, {c.task_id: (r.cosine, r.inner, r.grad_norm)
-                   for c, r in zip(cands, scores, strict=True)}
-
-
-def merge_utility(shards: list[ScoredShard]) -> dict[str, float]:
-    """SOAR utilities of all shards (each shard owns distinct candidate groups)."""
-    return {k: v for s in shards for k, v in s.utility.items()}

@@ -1,11 +1,11 @@
-"""The stages of one self-play step, as functions over records: ONE definition of the algorithm.
+"""The stages of one self-play step, as functions over records and an `Environment`.
 
-    propose -> validate -> solve -> grade -> build_candidates -> score_alignment
-            -> assign_rewards -> make_trajectories -> (learner.step) -> summarize
+    propose -> validate -> solve -> grade -> build_candidates -> (scorer partials, merged in
+    `step.scoring`) -> assign_rewards -> make_trajectories -> (learner.step) -> summarize
 
-The local executor (`local.py`) calls them in order in one process; the Ray pipeline
-(`pipeline.py`) calls the same functions inside actors. Randomness is derived from
-(run seed, step, stage) only, so both executors draw the same tasks and samples.
+Which worker runs which stage, and which stage feeds which, is defined once in `step.graph`;
+both executors run that graph. Randomness is derived from (run seed, step, stage) only, so
+both executors draw the same tasks and samples.
 """
 
 from __future__ import annotations
@@ -17,35 +17,22 @@ from dataclasses import dataclass
 from compassplay.config import RewardSection, RunConfig
 from compassplay.engines.base import GenerationEngine, SamplingParams
 from compassplay.engines.learner import LearnerStats
-from compassplay.envs.code import CodeEnvironment
+from compassplay.envs.base import Environment
 from compassplay.records import Attempt, Candidate, Score, StepStats, Task, Trajectory, Verdict
-from compassplay.rewards.batch import Example
 from compassplay.rewards.functions import (
     is_eligible,
     proposer_reward,
-    regex_tokenize,
     token_jaccard,
 )
-from compassplay.rewards.reference_set import ReferenceItem
+from compassplay.step.prompting import (
+    novelty_tokens,
+    prefix_of,
+    prompt_ids,
+    stage_seed,
+    target_ids,
+)
 
 GRADIENT_KINDS = ("cosine", "inner", "cos_novelty")
-
-
-def stage_seed(run_seed: int, step: int, stage: str) -> int:
-    """A deterministic 31-bit seed for one stage of one step."""
-    return random.Random(f"{run_seed}:{step}:{stage}").getrandbits(31)
-
-
-def chat_ids(tokenizer, text: str) -> list[int]:
-    """Token ids of a one-turn user message with the generation prompt appended."""
-    out = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                        add_generation_prompt=True)
-    return list(out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out)
-
-
-def target_ids(tokenizer, text: str) -> list[int]:
-    """Token ids of an assistant answer followed by the end-of-turn token."""
-    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
 
 
 @dataclass
@@ -56,20 +43,7 @@ class ProposalSet:
     seed_tasks: list[Task]
 
 
-def prefix_of(env: CodeEnvironment, cfg: RunConfig, role: str, task_type: str) -> str:
-    """The prefilled reply opening of `role` ('' unless proposer/solver.prefill)."""
-    section = cfg.proposer if role == "proposer" else cfg.solver
-    return env.response_prefix(role, task_type) if section.prefill else ""
-
-
-def prompt_ids(tokenizer, text: str, prefix: str) -> list[int]:
-    """Chat prompt ids followed by the prefilled reply opening (part of the prompt: the
-    policy is trained on, and the scorer differentiates, only what comes after it)."""
-    ids = chat_ids(tokenizer, text)
-    return ids + tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
-
-
-def propose(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
+def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
             step: int) -> ProposalSet:
     """Sample proposals for every task type (batch_size each) and parse them (never raises)."""
     rng = random.Random(stage_seed(cfg.run.seed, step, "propose"))
@@ -85,21 +59,21 @@ def propose(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunC
     tasks = []
     for gen, (task_type, prefix, seed_ids, task_id) in zip(gens, meta, strict=True):
         task = env.parse_proposal(task_type, prefix + gen.text, seed_ids, task_id)
-        seed = env.buffer.get(seed_ids[0]) if seed_ids else None
+        seed = env.seed_of(seed_ids[0]) if seed_ids else None
         tasks.append(task.model_copy(update={
             "proposal": gen, "seed_program": seed.program if seed else ""}))
-    seed_tasks = env.buffer.sample(cfg.solver.seed_tasks_per_step, rng)
+    seed_tasks = env.sample_buffer(cfg.solver.seed_tasks_per_step, rng)
     return ProposalSet(tasks=tasks, seed_tasks=seed_tasks)
 
 
-def validate(env: CodeEnvironment, tasks: list[Task]) -> list[Task]:
+def validate(env: Environment, tasks: list[Task]) -> list[Task]:
     """Well-posedness through the sandbox; unparsed proposals pass through unchanged."""
     parsed = [t for t in tasks if not t.invalid_reason.startswith("parse:")]
     checked = {t.task_id: t for t in env.validate(parsed)} if parsed else {}
     return [checked.get(t.task_id, t) for t in tasks]
 
 
-def solve(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
+def solve(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
           tasks: list[Task], step: int) -> list[Attempt]:
     """n_samples attempts per task (tasks must be valid), in task order then sample order."""
     n = cfg.solver.n_samples
@@ -118,32 +92,17 @@ def solve(env: CodeEnvironment, engine: GenerationEngine, tokenizer, cfg: RunCon
     return attempts
 
 
-def grade(env: CodeEnvironment, tasks: list[Task], attempts: list[Attempt]) -> list[Verdict]:
+def grade(env: Environment, tasks: list[Task], attempts: list[Attempt]) -> list[Verdict]:
     """Verdicts in attempt order (one batched sandbox call)."""
     by_id = {t.task_id: t for t in tasks}
     return env.grade([(by_id[a.task_id], a) for a in attempts]) if attempts else []
 
 
-def solve_rates(tasks: list[Task], verdicts: list[Verdict]) -> dict[str, float]:
-    """s(x) = correct / attempts for each task with attempts."""
-    total: Counter = Counter()
-    good: Counter = Counter()
-    for v in verdicts:
-        total[v.task_id] += 1
-        good[v.task_id] += int(v.correct)
-    return {t.task_id: good[t.task_id] / total[t.task_id] for t in tasks if total[t.task_id]}
-
-
-def novelty_tokens(tokenizer, text: str, kind: str) -> list:
-    """Tokens for the Jaccard novelty: model token ids (default) or regex word tokens."""
-    return regex_tokenize(text) if kind == "regex" else tokenizer.encode(
-        text, add_special_tokens=False)
-
-
-def build_candidates(env: CodeEnvironment, tokenizer, cfg: RunConfig, tasks: list[Task],
-                     attempts: list[Attempt], verdicts: list[Verdict]) -> list[Candidate]:
-    """Eligible proposed tasks (valid, 0 < s < 1, a verified solution) as scorer inputs."""
-    rates = solve_rates(tasks, verdicts)
+def build_candidates(env: Environment, tokenizer, cfg: RunConfig, tasks: list[Task],
+                     attempts: list[Attempt], verdicts: list[Verdict],
+                     rates: dict[str, float]) -> list[Candidate]:
+    """Eligible proposed tasks (valid, 0 < s < 1, a verified solution) as scorer inputs;
+    `rates` is s(x) per solved task (`GradeBatch.merge`)."""
     out = []
     for task in tasks:
         if task.source != "proposed" or task.task_id not in rates:
@@ -162,22 +121,12 @@ def build_candidates(env: CodeEnvironment, tokenizer, cfg: RunConfig, tasks: lis
             task_id=task.task_id, task_type=task.task_type, solve_rate=rates[task.task_id],
             prompt_ids=prompt_ids(tokenizer, env.solver_prompt(task), prefix),
             target_ids=target_ids(tokenizer, solution),
-            novelty_tokens=novelty_tokens(tokenizer, task.program, kind),
-            seed_tokens=novelty_tokens(tokenizer, task.seed_program, kind)))
+            novelty_tokens=novelty_tokens(tokenizer, env.novelty_pair(task)[0], kind),
+            seed_tokens=novelty_tokens(tokenizer, env.novelty_pair(task)[1], kind)))
     return out
 
 
-def reference_examples(tokenizer, items: list[ReferenceItem]) -> list[Example]:
-    """The reference set as scorer Examples: chat prompt -> gold solution + end of turn."""
-    return [Example(chat_ids(tokenizer, it.prompt), target_ids(tokenizer, it.solution))
-            for it in items]
-
-
-def candidate_examples(cands: list[Candidate]) -> list[Example]:
-    return [Example(list(c.prompt_ids), list(c.target_ids)) for c in cands]
-
-
-def assign_rewards(cfg: RewardSection, tasks: list[Task], verdicts: list[Verdict],
+def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float],
                    cands: list[Candidate], alignment: dict[str, tuple[float, float, float]],
                    utility: dict[str, float] | None = None) -> list[Score]:
     """One Score per proposed task.
@@ -185,9 +134,8 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], verdicts: list[Verdict
     Parse failures get `format_penalty`; parsed but ill-posed tasks get half of it (AZR's
     -0.5 convention); well-posed tasks get the reward of `cfg.kind`, 0 when ineligible.
     `alignment[task_id] = (cosine, inner, grad_norm)` for scored candidates; `utility` holds
-    SOAR's measured utility per task for kind "soar".
+    SOAR's measured utility per task for kind "soar"; `rates` is s(x) per solved task.
     """
-    rates = solve_rates(tasks, verdicts)
     by_cand = {c.task_id: c for c in cands}
     scores = []
     for task in tasks:
@@ -215,7 +163,7 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], verdicts: list[Verdict
     return scores
 
 
-def make_trajectories(env: CodeEnvironment, tasks: list[Task], attempts: list[Attempt],
+def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attempt],
                       verdicts: list[Verdict], scores: list[Score]) -> list[Trajectory]:
     """Proposer trajectories (one per proposal) and solver trajectories (one per attempt)."""
     by_task = {t.task_id: t for t in tasks}
@@ -240,11 +188,10 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return m, (sum((x - m) ** 2 for x in xs) / len(xs)) ** 0.5
 
 
-def summarize(step: int, tasks: list[Task], solved: list[Task], attempts: list[Attempt],
+def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: list[Attempt],
               verdicts: list[Verdict], scores: list[Score], stats: LearnerStats,
               stage_seconds: dict[str, float]) -> StepStats:
-    """The metrics.jsonl line of one step."""
-    rates = solve_rates(solved, verdicts)
+    """The metrics.jsonl line of one step (`rates`: s(x) per solved task)."""
     proposed_rates = [rates[t.task_id] for t in tasks if t.task_id in rates]
     rewards = [s.reward for s in scores]
     r_mean, r_std = _mean_std(rewards)
@@ -268,14 +215,6 @@ def summarize(step: int, tasks: list[Task], solved: list[Task], attempts: list[A
         solve_rates=proposed_rates,
         parse_failures=dict(parse), invalid_reasons=dict(invalid), by_task_type=by_type,
         stage_seconds=stage_seconds, step_seconds=sum(stage_seconds.values()))
-
-
-def score_alignment(scorer, cands: list[Candidate]) -> dict[str, tuple[float, float, float]]:
-    """(cosine, inner, grad_norm) per candidate task id; the scorer's reference must be current."""
-    if not cands:
-        return {}
-    res = scorer.score(candidate_examples(cands))
-    return {c.task_id: (r.cosine, r.inner, r.grad_norm) for c, r in zip(cands, res, strict=True)}
 
 
 def samples(step: int, tasks: list[Task], scores: list[Score], max_chars: int = 4000

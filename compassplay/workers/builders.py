@@ -22,7 +22,7 @@ from compassplay.engines.hf_generation import HFGenerationEngine
 from compassplay.envs.code import CodeEnvironment, CodeRunner
 from compassplay.rewards.batch import Example
 from compassplay.rewards.reference_set import load_reference
-from compassplay.step.stages import reference_examples
+from compassplay.step.prompting import reference_examples
 from compassplay.verifiers.python_sandbox import PythonSandbox
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ import time
 from compassplay.config import RunConfig, SamplingSection
 from compassplay.engines.vllm_generation import VLLMGenerationEngine
 from compassplay.models import load_model
-from compassplay.records import Task
 from compassplay.step import stages
+from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import (
     AttemptBatch,
     Proposals,
@@ -52,27 +52,32 @@ class _GeneratorWorker(Versioned):
 
 
 class ProposerWorker(_GeneratorWorker):
-    """Writes proposals with its own copy of the weights; owns the task buffer."""
+    """Writes proposals with its own copy of the weights; owns the environment's task buffer."""
 
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg, cfg.proposer)
 
-    def propose(self, step: int, previous: Validated | None, snapshot: bool = False) -> Proposals:
-        """Add the previous step's valid tasks to the buffer, then propose this step's tasks."""
+    def propose(self, call: StageCall, weights: WeightsOffer) -> Proposals:
+        """This step's proposals (every task type, batch_size each) and the buffer tasks the
+        solver also attempts."""
+        self.accept(weights)
         t0 = time.perf_counter()
-        if previous is not None:
-            self.env.buffer.add([t for t in previous.tasks if t.valid])
-        state = self.env.buffer.state_dict() if snapshot else None
-        out = stages.propose(self.env, self.engine, self.tok, self.cfg, step)
-        return Proposals(step, out.tasks, out.seed_tasks, time.perf_counter() - t0, state)
+        out = stages.propose(self.env, self.engine, self.tok, self.cfg, call.step)
+        return Proposals(call.step, out.tasks, out.seed_tasks, time.perf_counter() - t0)
 
-    def load_buffer(self, state: dict | None, pending: list[Task]) -> None:
-        """Replace the buffer (None = the fresh seed buffer) and add `pending` tasks."""
-        if state is None:
-            self.env = make_env(self.cfg, None)
-        else:
-            self.env.buffer.load_state_dict(state)
-        self.env.buffer.add(pending)
+    def update_buffer(self, call: StageCall, parts: list[Validated]) -> int:
+        """The buffer update, a stage of its own: this step's valid proposed tasks join."""
+        return self.env.add_to_buffer([t for p in parts for t in p.tasks if t.valid])
+
+    def env_state(self, call: StageCall, added: int) -> dict:
+        """The environment's checkpoint state (its buffer) after this step's update."""
+        return self.env.state_dict()
+
+    def load_env_state(self, state: dict | None) -> None:
+        """Restore a checkpointed environment state (None: the fresh seed buffer)."""
+        self.env = make_env(self.cfg, None)
+        if state is not None:
+            self.env.load_state_dict(state)
 
 
 class SolverWorker(_GeneratorWorker):
@@ -81,8 +86,10 @@ class SolverWorker(_GeneratorWorker):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg, cfg.solver)
 
-    def solve(self, batch: Validated) -> AttemptBatch:
+    def solve(self, call: StageCall, weights: WeightsOffer,
+              parts: list[Validated]) -> AttemptBatch:
+        self.accept(weights)
         t0 = time.perf_counter()
-        attempts = stages.solve(self.env, self.engine, self.tok, self.cfg, batch.solved,
-                                batch.step)
+        attempts = stages.solve(self.env, self.engine, self.tok, self.cfg,
+                                Validated.merge(parts).solved, call.step)
         return AttemptBatch(attempts, time.perf_counter() - t0)

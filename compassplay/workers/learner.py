@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 from pathlib import Path
 
@@ -10,9 +11,10 @@ import torch
 from compassplay.config import RunConfig
 from compassplay.engines.factory import make_learner
 from compassplay.models import load_model
-from compassplay.records import StepStats, Task
+from compassplay.records import StepStats
 from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from compassplay.step import stages
+from compassplay.step.graph import StageCall
 from compassplay.step.messages import (
     AttemptBatch,
     GradeBatch,
@@ -20,17 +22,14 @@ from compassplay.step.messages import (
     ScoredShard,
     StepResult,
     Validated,
-    merge_shards,
-    merge_utility,
 )
+from compassplay.step.scoring import merge_shards, merge_utility
 from compassplay.sync.channel import NcclChannel, free_port, node_address, open_channel
 from compassplay.workers.builders import (
     configure_torch,
     make_env,
 )
-
-Weights = dict[str, torch.Tensor]
-
+from compassplay.workers.versioned import Weights
 
 
 def is_checkpoint_step(cfg: RunConfig, step: int) -> bool:
@@ -41,10 +40,11 @@ class LearnerWorker:
     """Assigns rewards, updates the policy, checkpoints; the source of weight versions.
 
     Checkpoint `k` is written inside `learn(k)` (atomically, every `checkpoint_every` steps and
-    at the last step) and holds: learner state, the task buffer as the proposer snapshotted it
-    for step k plus step k's valid tasks, and the StepStats since the previous checkpoint (so a
-    driver killed before writing its metrics lines loses none). A restarted learner actor
-    restores the latest checkpoint in its constructor.
+    at the last step) and holds: learner state, the environment state the proposer (the
+    buffer's owner) handed over after step k's buffer update (the `env_state` stage), and the
+    StepStats since the previous checkpoint (so a driver killed before writing its metrics
+    lines loses none). A restarted learner actor restores the latest checkpoint in its
+    constructor.
     """
 
     channel: NcclChannel | None = None  # learner.weight_sync=nccl, after init_sync
@@ -55,7 +55,9 @@ class LearnerWorker:
         configure_torch(cfg)
         self.model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
         self._initial = {k: v.clone() for k, v in self.model.state_dict().items()}
-        self.learner = make_learner(cfg.learner, self.model, total_steps=cfg.pipeline.steps)
+        # learner.kl_coef > 0: the KL term's frozen reference is the initial policy
+        self.ref_model = frozen_copy(self.model) if cfg.learner.kl_coef > 0 else None
+        self.learner = self._make_learner()
         self.env = make_env(cfg, None)
         self.steps_done = 0
         self.version_offset = 0
@@ -64,12 +66,20 @@ class LearnerWorker:
         if restore:
             self.restore()
 
+    def _make_learner(self):
+        return make_learner(self.cfg.learner, self.model, self.ref_model,
+                            total_steps=self.cfg.pipeline.steps)
+
     @property
     def weight_version(self) -> int:
         return self.learner.weight_version + self.version_offset
 
     def weights(self, role: str = "solver") -> Weights:
         return self.learner.state_dict_for_sync(role)
+
+    def snapshot(self, role: str = "solver") -> tuple[int, Weights]:
+        """(the version the learner reports, its weights for `role`'s engines)."""
+        return self.weight_version, self.weights(role)
 
     # learner.weight_sync=nccl: the learner is rank 0 of the weight-sync group
     def sync_address(self) -> tuple[str, int]:
@@ -93,8 +103,7 @@ class LearnerWorker:
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             self.model.load_state_dict(self._initial)
-            self.learner = make_learner(self.cfg.learner, self.model,
-                                        total_steps=self.cfg.pipeline.steps)
+            self.learner = self._make_learner()
             self.steps_done, self.restored_state = 0, None
         else:
             self.restored_state = load_checkpoint(ckpt, self.learner)
@@ -103,51 +112,61 @@ class LearnerWorker:
         self.recent = []
         return self.restored_state
 
-    def learn(self, props: Proposals, batch: Validated, attempts: AttemptBatch,
-              grades: GradeBatch, shards: list[ScoredShard]) -> StepResult:
+    def learn(self, call: StageCall, props: Proposals, env_state: dict | None,
+              validated: list[Validated], attempts: AttemptBatch, grades: list[GradeBatch],
+              shards: list[ScoredShard]) -> StepResult:
         """Rewards -> trajectories -> one policy update -> the step's metrics (+ checkpoint)."""
         if props.step != self.steps_done:
             raise RuntimeError(f"learner expected step {self.steps_done}, got {props.step}")
+        batch = Validated.merge(validated)
+        graded = GradeBatch.merge(grades, batch.solved)
         param_shard = self.cfg.scorer.shard_mode == "param_shard"
-        cands, alignment = merge_shards(shards, param_shard) if shards else ([], {})
-        scores = stages.assign_rewards(self.cfg.reward, batch.tasks, grades.verdicts, cands,
+        cands, alignment = merge_shards(shards, param_shard)
+        scores = stages.assign_rewards(self.cfg.reward, batch.tasks, graded.rates, cands,
                                        alignment, merge_utility(shards))
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
-                                         attempts.attempts, grades.verdicts, scores)
+                                         attempts.attempts, graded.verdicts, scores)
         t0 = time.perf_counter()
         lstats = self.learner.step(trajs)
         lstats.weight_version = self.weight_version
         seconds = {"propose": props.seconds, "validate": batch.seconds,
-                   "solve": attempts.seconds, "grade": grades.seconds,
+                   "solve": attempts.seconds, "grade": graded.seconds,
                    "score": max((s.seconds for s in shards), default=0.0),
                    "learn": time.perf_counter() - t0}
-        stats = stages.summarize(props.step, batch.tasks, batch.solved, attempts.attempts,
-                                 grades.verdicts, scores, lstats, seconds)
+        stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,
+                                 graded.verdicts, scores, lstats, seconds)
         self.steps_done += 1
         self.recent.append(stats)
         ckpt = ""
         if is_checkpoint_step(self.cfg, props.step):
-            ckpt = self._checkpoint(props, batch)
+            ckpt = self._checkpoint(props.step, env_state)
         return StepResult(stats, self.weight_version,
                           {"checkpoint": ckpt, "samples": stages.samples(props.step, batch.tasks,
                                                                          scores)})
 
-    def _checkpoint(self, props: Proposals, batch: Validated) -> str:
-        if props.buffer_state is None:
-            raise RuntimeError(f"step {props.step} is a checkpoint step but its proposals "
-                               "carry no buffer snapshot")
-        state = {"step": props.step, "buffer": props.buffer_state,
-                 "buffer_pending": [t.model_dump(mode="json") for t in batch.tasks if t.valid],
+    def _checkpoint(self, step: int, env_state: dict | None) -> str:
+        if env_state is None:
+            raise RuntimeError(f"step {step} is a checkpoint step but no environment state "
+                               "came with it (the env_state stage was not submitted)")
+        state = {"step": step, "env": env_state,
                  "recent_stats": [s.model_dump(mode="json") for s in self.recent]}
-        path = save_checkpoint(self.run_dir, props.step, self.learner, state,
+        path = save_checkpoint(self.run_dir, step, self.learner, state,
                                keep_last=self.cfg.learner.keep_last)
         self.recent = []
         return str(path)
 
 
-def restored_buffer(state: dict) -> tuple[dict, list[Task]]:
-    """The checkpointed buffer state and the checkpoint step's valid tasks still to add."""
-    return state["buffer"], [Task.model_validate(t) for t in state["buffer_pending"]]
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` without gradients, in eval mode (the KL reference)."""
+    ref = copy.deepcopy(model).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+def restored_env_state(state: dict) -> dict:
+    """The environment state (the proposer's buffer) of a restored checkpoint."""
+    return state["env"]
 
 
 def restored_metrics(state: dict) -> tuple[int, list[StepStats]]:

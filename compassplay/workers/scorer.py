@@ -1,8 +1,11 @@
-"""The scorer role: candidates -> gradient-alignment partials (or SOAR utilities) per shard."""
+"""The scorer worker: builds a step's candidates, and computes one shard's gradient-alignment
+partials (or SOAR utilities) for them; `step.scoring.merge_shards` combines the shards."""
 
 from __future__ import annotations
 
 import time
+
+import torch
 
 from compassplay.config import RunConfig
 from compassplay.models import load_model
@@ -11,9 +14,13 @@ from compassplay.rewards.gradient import GradientScorer, Partials
 from compassplay.rewards.oracle import naive_partials, reference_grads
 from compassplay.rewards.soar import measured_utility, split_groups
 from compassplay.step import stages
-from compassplay.step.messages import AttemptBatch, GradeBatch, ScoredShard, Validated
+from compassplay.step.graph import StageCall, WeightsOffer
+from compassplay.step.messages import AttemptBatch, Candidates, GradeBatch, ScoredShard, Validated
+from compassplay.step.prompting import candidate_examples
 from compassplay.workers.builders import configure_torch, make_env, make_reference, scorer_params
 from compassplay.workers.versioned import Versioned, Weights
+
+SCORER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def shard_names(names: list[str], shard: int, num_shards: int) -> list[str]:
@@ -34,11 +41,13 @@ class ScorerWorker(Versioned):
         self.shard, self.num_shards = shard, num_shards
         configure_torch(cfg)
         model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        model = model.to(SCORER_DTYPES[cfg.scorer.dtype])  # scorer.dtype (partials in float64)
         params = scorer_params(cfg.scorer.params)
         if cfg.scorer.shard_mode == "param_shard" and num_shards > 1:
             names = [n for n, p in model.named_parameters() if p.requires_grad]
             params = shard_names(names, shard, num_shards)
-        self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id)
+        self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id,
+                                     max_batch_tokens=cfg.scorer.max_batch_tokens)
         self.env = make_env(cfg, None)
         self.reference = make_reference(cfg, self.tok)
         self._naive_ref: tuple[int, dict] | None = None
@@ -46,10 +55,21 @@ class ScorerWorker(Versioned):
     def load_weights(self, weights: Weights, version: int) -> None:
         self.scorer.load_weights(weights, version)
 
-    def score(self, batch: Validated, attempts: AttemptBatch, grades: GradeBatch) -> ScoredShard:
+    def candidates(self, call: StageCall, validated: list[Validated], attempts: AttemptBatch,
+                   grades: list[GradeBatch]) -> Candidates:
+        """The step's eligible candidates, built once (on scorer 0) for every shard."""
         t0 = time.perf_counter()
-        cands = stages.build_candidates(self.env, self.tok, self.cfg, batch.solved,
-                                        attempts.attempts, grades.verdicts)
+        solved = Validated.merge(validated).solved
+        graded = GradeBatch.merge(grades, solved)
+        cands = stages.build_candidates(self.env, self.tok, self.cfg, solved, attempts.attempts,
+                                        graded.verdicts, graded.rates)
+        return Candidates(cands, time.perf_counter() - t0)
+
+    def score(self, call: StageCall, weights: WeightsOffer, candidates: Candidates) -> ScoredShard:
+        """This shard's partials for the candidates, at the offered weights."""
+        self.accept(weights)
+        t0 = time.perf_counter() - candidates.seconds
+        cands = candidates.cands
         kind = self.cfg.reward.kind
         if kind == "soar":
             utility = self._soar(cands)
@@ -64,7 +84,7 @@ class ScorerWorker(Versioned):
         if ref is None or ref.weight_version != self.scorer.weight_version:
             self.scorer.set_reference(self.reference)
             ref = self.scorer.reference
-        examples = stages.candidate_examples([cands[i] for i in index])
+        examples = candidate_examples([cands[i] for i in index])
         if self.cfg.scorer.mode == "naive":
             part = self._naive_partials(examples)
         else:
@@ -92,7 +112,7 @@ class ScorerWorker(Versioned):
         if not groups:
             return {}
         values = measured_utility(
-            self.scorer.model, [stages.candidate_examples([cands[i] for i in g]) for g in groups],
+            self.scorer.model, [candidate_examples([cands[i] for i in g]) for g in groups],
             self.reference, lr=r.soar_lr, inner_steps=r.soar_inner_steps,
             pad_id=self.tok.pad_token_id)
         return {cands[i].task_id: v for g, v in zip(groups, values, strict=True) for i in g}

@@ -4,41 +4,40 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from compassplay.config import RunConfig
 from compassplay.step import stages
+from compassplay.step.graph import StageCall
 from compassplay.step.messages import (
     AttemptBatch,
     GradeBatch,
     Proposals,
     Validated,
+    part_of,
 )
 from compassplay.workers.builders import (
     make_env,
     make_sandbox,
 )
 
-Weights = dict[str, torch.Tensor]
-
-
 
 class VerifierWorker:
-    """Validates proposals and grades attempts on an OS-isolated sandbox pool."""
+    """Validates proposals and grades attempts on an OS-isolated sandbox pool. Several
+    verifiers split each call: worker `call.part` of `call.parts` takes one contiguous slice."""
 
     def __init__(self, cfg: RunConfig) -> None:
         self.sandbox = make_sandbox(cfg.verifiers)
         self.env = make_env(cfg, self.sandbox)
 
-    def validate(self, props: Proposals) -> Validated:
+    def validate(self, call: StageCall, props: Proposals) -> Validated:
         t0 = time.perf_counter()
-        tasks = stages.validate(self.env, props.tasks)
-        solved = [t for t in tasks if t.valid] + props.seed_tasks
-        return Validated(props.step, tasks, solved, time.perf_counter() - t0)
+        tasks = stages.validate(self.env, part_of(props.tasks, call.part, call.parts))
+        return Validated(props.step, tasks, props.seed_tasks, time.perf_counter() - t0)
 
-    def grade(self, batch: Validated, attempts: AttemptBatch) -> GradeBatch:
+    def grade(self, call: StageCall, parts: list[Validated],
+              attempts: AttemptBatch) -> GradeBatch:
         t0 = time.perf_counter()
-        verdicts = stages.grade(self.env, batch.solved, attempts.attempts)
+        mine = part_of(attempts.attempts, call.part, call.parts)
+        verdicts = stages.grade(self.env, Validated.merge(parts).solved, mine)
         return GradeBatch(verdicts, time.perf_counter() - t0)
 
     def stats(self) -> dict:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from compassplay.config import RunConfig
+from compassplay.step.graph import WeightsOffer
 from compassplay.sync.channel import NcclChannel, open_channel
 
 Weights = dict[str, torch.Tensor]
-
 
 
 class Versioned:
@@ -26,6 +26,17 @@ class Versioned:
         if weights is not None and version > self.weight_version:
             self.load_weights(weights, version)
             self.weight_version = version
+
+    def accept(self, offer: WeightsOffer) -> None:
+        """Take the weights a stage is offered when they are newer than those held."""
+        if offer.version <= self.weight_version:
+            return
+        state = offer.fetch()
+        if state is None:  # nccl sync: the broadcast should have brought this version
+            raise RuntimeError(f"step needs weight version {offer.version} but this worker "
+                               f"holds {self.weight_version} and got no weights (a restarted "
+                               "receiver that missed the broadcast?)")
+        self.sync(state, offer.version)
 
     def load_weights(self, weights: Weights, version: int) -> None:  # pragma: no cover
         raise TypeError(f"{type(self).__name__} holds no weights")

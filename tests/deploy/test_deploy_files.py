@@ -270,7 +270,8 @@ def test_grafana_metric_names_appear_in_the_scraped_exposition():
     m = RunMetrics()
     m.stage_seconds.labels("propose").observe(1.0)
     m.queue_depth.labels("steps").set(1)
-    m.verifier_runs.labels("ok").set(3)
+    m.observe_verifiers({"verifier-0": {"counts": {"ok": 3}, "runs_total": 3},
+                         "verifier-1": {"counts": {"ok": 2, "timeout": 1}, "runs_total": 3}}, 1.0)
     m.solve_rate.observe(0.5)
     text = generate_latest(m.registry).decode()
     samples = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}

@@ -15,7 +15,7 @@ from compassplay.models import load_model
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.models.warm_micro import build_warm_micro, io_proposal_text
 from compassplay.records import Task
-from compassplay.step.stages import chat_ids
+from compassplay.step.prompting import chat_ids
 from compassplay.workers.builders import make_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,11 +7,15 @@ from compassplay.envs.code import CodeEnvironment
 from compassplay.models import load_model
 from compassplay.records import Attempt, Generation, Task
 from compassplay.rewards.functions import token_jaccard
-from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.oracle import flatten, per_example_grads, reference_grads
 from compassplay.rewards.reference_set import load_reference
 from compassplay.step import stages
+from compassplay.step.graph import StageCall, WeightsOffer
+from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
+from compassplay.step.prompting import candidate_examples, reference_examples
+from compassplay.step.scoring import merge_shards
 from compassplay.verifiers.python_sandbox import PythonSandbox
+from compassplay.workers.scorer import ScorerWorker
 
 WRONG = "```output\n'surely not the answer'\n```"
 
@@ -42,17 +46,31 @@ def setup():
         ill = Task(task_id="p4", task_type="deduction", program="def f(x): return x",
                    inputs=["1"], invalid_reason="invalid:banned_module")
         verdicts = stages.grade(env, tasks, attempts)
-        cands = stages.build_candidates(env, tok, cfg, tasks, attempts, verdicts)
-        scorer = GradientScorer(model, pad_id=tok.pad_token_id)
-        scorer.set_reference(stages.reference_examples(tok, load_reference(max_items=3)))
-        alignment = stages.score_alignment(scorer, cands)
+        # the production scoring path: candidates -> shard partials -> merge
+        shards, alignment, cands = _scored_shards(tasks, attempts, verdicts,
+                                                  ["reward.kind=cosine"], 1)
         yield cfg, env, tasks + [bad, ill], attempts, verdicts, cands, alignment
+
+
+def _scored_shards(tasks, attempts, verdicts, overrides, num_shards):
+    cfg = load_config(None, ["task.types=[deduction]", "reference.max_items=3", *overrides])
+    validated = [Validated(0, tasks, [], 0.0)]
+    att, grades = AttemptBatch(attempts, 0.0), [GradeBatch(verdicts, 0.0)]
+    workers = [ScorerWorker(cfg, i, num_shards) for i in range(num_shards)]
+    cands = workers[0].candidates(StageCall("candidates", 0), validated, att, grades)
+    shards = [w.score(StageCall("score", 0, i, num_shards), WeightsOffer(0, lambda: None),
+                      cands) for i, w in enumerate(workers)]
+    alignment = merge_shards(shards, cfg.scorer.shard_mode == "param_shard")[1]
+    return shards, alignment, cands.cands
+
+
+def rates_of(tasks, verdicts):
+    return GradeBatch.merge([GradeBatch(verdicts, 0.0)], tasks).rates
 
 
 def test_grading_and_eligibility(setup):
     _, _, tasks, attempts, verdicts, cands, alignment = setup
-    rates = stages.solve_rates(tasks, verdicts)
-    assert rates == {"p0": 0.5, "p1": 1.0, "p2": 0.25}
+    assert rates_of(tasks, verdicts) == {"p0": 0.5, "p1": 1.0, "p2": 0.25}
     assert [c.task_id for c in cands] == ["p0", "p2"]  # p1 is solved always: ineligible
     assert set(alignment) == {"p0", "p2"}
     for cos, _, norm in alignment.values():
@@ -63,9 +81,9 @@ def test_alignment_matches_the_autograd_oracle(setup):
     cfg, _, _, _, _, cands, alignment = setup
     model, tok = load_model(cfg.model, seed=0)
     params = dict(model.named_parameters())
-    ref = flatten(reference_grads(model, params, stages.reference_examples(
+    ref = flatten(reference_grads(model, params, reference_examples(
         tok, load_reference(max_items=3))))
-    grads = per_example_grads(model, params, stages.candidate_examples(cands))
+    grads = per_example_grads(model, params, candidate_examples(cands))
     for c, g in zip(cands, grads, strict=True):
         flat = flatten(g)
         cos, inner, norm = alignment[c.task_id]
@@ -77,7 +95,7 @@ def test_alignment_matches_the_autograd_oracle(setup):
 def test_rewards_per_kind(setup, kind):
     _, _, tasks, _, verdicts, cands, alignment = setup
     cfg = RewardSection(kind=kind, eta=0.5)
-    scores = {s.task_id: s for s in stages.assign_rewards(cfg, tasks, verdicts, cands,
+    scores = {s.task_id: s for s in stages.assign_rewards(cfg, tasks, rates_of(tasks, verdicts), cands,
                                                            alignment)}
     assert scores["p3"].reward == -1.0  # unparseable proposal: format penalty
     assert scores["p4"].reward == -0.5  # parsed but ill-posed: half of it
@@ -95,7 +113,7 @@ def test_rewards_per_kind(setup, kind):
 
 def test_trajectories_carry_rewards(setup):
     _, env, tasks, attempts, verdicts, cands, alignment = setup
-    scores = stages.assign_rewards(RewardSection(kind="cosine"), tasks, verdicts, cands,
+    scores = stages.assign_rewards(RewardSection(kind="cosine"), tasks, rates_of(tasks, verdicts), cands,
                                    alignment)
     trajs = stages.make_trajectories(env, tasks, attempts, verdicts, scores)
     solver = [t for t in trajs if t.role == "solver"]
@@ -106,16 +124,9 @@ def test_trajectories_carry_rewards(setup):
 
 
 def _scored(setup, overrides, num_shards=1):
-    from compassplay.step.messages import AttemptBatch, GradeBatch, Validated, merge_shards
-    from compassplay.workers.scorer import ScorerWorker
-
-    cfg0, _, tasks, attempts, verdicts, _, _ = setup
-    cfg = load_config(None, ["task.types=[deduction]", "reference.max_items=3", *overrides])
-    batch = Validated(0, tasks, [t for t in tasks if t.valid], 0.0)
-    shards = [ScorerWorker(cfg, i, num_shards).score(batch, AttemptBatch(attempts, 0.0),
-                                                   GradeBatch(verdicts, 0.0))
-              for i in range(num_shards)]
-    return shards, merge_shards(shards, cfg.scorer.shard_mode == "param_shard")[1]
+    _, _, tasks, attempts, verdicts, _, _ = setup
+    shards, alignment, _ = _scored_shards(tasks, attempts, verdicts, overrides, num_shards)
+    return shards, alignment
 
 
 @pytest.mark.parametrize("overrides,num_shards", [
@@ -141,7 +152,7 @@ def test_soar_rewards_are_one_value_per_group(setup):
     assert set(utility) == {c.task_id for c in cands}
     assert len(set(utility.values())) == 1  # one group: every candidate gets the same value
     scores = {s.task_id: s for s in stages.assign_rewards(
-        RewardSection(kind="soar"), tasks, verdicts, cands, {}, utility)}
+        RewardSection(kind="soar"), tasks, rates_of(tasks, verdicts), cands, {}, utility)}
     assert scores["p0"].reward == utility["p0"] != 0.0
     assert scores["p1"].reward == 0.0 and scores["p3"].reward == -1.0
 
@@ -161,7 +172,8 @@ def test_prefill_is_part_of_the_prompt_not_of_the_target(setup):
     assert att.answer and not att.parse_error
     verdicts = stages.grade(env, [task], [att, att.model_copy(update={"index": 1,
                                                                       "answer": "'x'"})])
-    cands = stages.build_candidates(env, tok, cfg, [task], [att, att], verdicts)
+    cands = stages.build_candidates(env, tok, cfg, [task], [att, att], verdicts,
+                                    rates_of([task], verdicts))
     assert len(cands) == 1
     pre_ids = tok.encode(prefix, add_special_tokens=False)
     assert cands[0].prompt_ids[-len(pre_ids):] == pre_ids

@@ -21,6 +21,7 @@ import random
 from collections import Counter
 
 from compassplay.config import TaskSection
+from compassplay.envs.base import Environment
 from compassplay.envs.code import prompts
 from compassplay.envs.code.buffer import Strategy, TaskBuffer
 from compassplay.envs.code.grading import grade_attempts
@@ -43,7 +44,7 @@ from compassplay.envs.code.validity import validate_tasks
 from compassplay.records import Attempt, Task, Verdict
 
 
-class CodeEnvironment:
+class CodeEnvironment(Environment):
     """Prompts, parsing, validation, grading and rewards for the coding task types."""
 
     def __init__(self, cfg: TaskSection, runner: CodeRunner, seed: int = 0,
@@ -163,6 +164,27 @@ class CodeEnvironment:
     def gold_answer_text(self, task: Task) -> str:
         """The gold answer in the solver's answer format."""
         return gold_answer_text(task, self.cfg.answer_format)
+
+    # ----------------------------------------------------------------- novelty
+    def novelty_pair(self, task: Task) -> tuple[str, str]:
+        """(the proposed program, the first reference program the proposer was shown)."""
+        return task.program, task.seed_program
+
+    # ------------------------------------------------------------------ buffer
+    def seed_of(self, task_id: str) -> Task | None:
+        return self.buffer.get(task_id)
+
+    def sample_buffer(self, k: int, rng: random.Random) -> list[Task]:
+        return self.buffer.sample(k, rng)
+
+    def add_to_buffer(self, tasks: list[Task]) -> int:
+        return self.buffer.add(tasks)
+
+    def state_dict(self) -> dict:
+        return {"buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.buffer.load_state_dict(state["buffer"])
 
     def pop_counters(self) -> dict[str, int]:
         """The counters accumulated since the last call, then cleared."""

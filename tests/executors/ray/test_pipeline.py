@@ -38,9 +38,14 @@ WARM_FAST = ["proposer.batch_size=2", "solver.n_samples=4", "solver.seed_tasks_p
              "logging.progress=false"]
 
 
-def test_staleness_0_equals_local_executor(tmp_path, ray_local):
-    cfg = load_config(WARM, WARM_FAST + ["pipeline.steps=3", "pipeline.staleness=0",
-                                         "learner.checkpoint_every=2"])
+@pytest.mark.parametrize("staleness,verifiers,scorers", [(0, 1, 1), (1, 2, 2)])
+def test_ray_executor_equals_local_executor(tmp_path, ray_local, staleness, verifiers, scorers):
+    """The same step graph in both executors: equal metrics, at staleness 0 and with rollout
+    one step ahead, with the work of each stage spread over several verifiers and scorers."""
+    cfg = load_config(WARM, WARM_FAST + ["pipeline.steps=3", f"pipeline.staleness={staleness}",
+                                         "learner.checkpoint_every=2",
+                                         f"cluster.num_verifiers={verifiers}",
+                                         f"scorer.num_scorers={scorers}"])
     LocalExecutor(cfg, tmp_path / "local").run()
     run_pipeline(cfg, tmp_path / "ray")
     local, distributed = metric_rows(tmp_path / "local/metrics.jsonl"), \

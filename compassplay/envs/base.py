@@ -1,0 +1,86 @@
+"""`Environment`: what the step's stages need from a task domain (coding, Lean).
+
+The stages (`compassplay.step.stages`) call only these methods, so a second domain plugs in by
+implementing them. Text in, records out; nothing here raises on model output (an unparseable
+proposal or attempt becomes a record with its reason). The task buffer lives in the
+environment of the proposer's worker, which owns it: `add_to_buffer` is its explicit update
+stage and `state_dict`/`load_state_dict` its checkpoint state.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from typing import Any
+
+from compassplay.records import Attempt, Task, Verdict
+
+
+class Environment(ABC):
+    """Prompts, parsing, validation, grading, verified solutions, rewards and the buffer."""
+
+    # ------------------------------------------------------------ proposer side
+    @abstractmethod
+    def proposer_prompt(self, task_type: str, rng: random.Random) -> tuple[str, list[str]]:
+        """(user message, ids of the buffer tasks it shows: the seeds of the proposal)."""
+
+    @abstractmethod
+    def response_prefix(self, role: str, task_type: str) -> str:
+        """The opening of a well-formed reply of `role` ('proposer'/'solver'), to prefill."""
+
+    @abstractmethod
+    def parse_proposal(self, task_type: str, text: str, seed_ids: list[str],
+                       task_id: str) -> Task:
+        """The proposed task; unparseable -> valid=False, invalid_reason 'parse:<why>'."""
+
+    @abstractmethod
+    def validate(self, tasks: list[Task]) -> list[Task]:
+        """Well-posedness check (with the verifier): copies with valid/invalid_reason/gold."""
+
+    # -------------------------------------------------------------- solver side
+    @abstractmethod
+    def solver_prompt(self, task: Task) -> str:
+        """The solver's user message for a valid task."""
+
+    @abstractmethod
+    def parse_attempt(self, task: Task, text: str, index: int) -> Attempt:
+        """The solver's answer; parse_error holds the reason when there is none."""
+
+    @abstractmethod
+    def grade(self, pairs: list[tuple[Task, Attempt]]) -> list[Verdict]:
+        """One verdict per (task, attempt) pair, in order (batched on the verifier)."""
+
+    @abstractmethod
+    def solver_reward(self, attempt: Attempt, verdict: Verdict) -> float:
+        """The solver's RL reward for one graded attempt."""
+
+    @abstractmethod
+    def verified_solution(self, task: Task, attempts: list[Attempt],
+                          verdicts: list[Verdict]) -> str | None:
+        """The solution text whose loss gradient scores the task (None: no verified one)."""
+
+    # ------------------------------------------------------------------ novelty
+    @abstractmethod
+    def novelty_pair(self, task: Task) -> tuple[str, str]:
+        """(the task's text, the text of the seed it was written from) for token Jaccard."""
+
+    # ------------------------------------------------------------------- buffer
+    @abstractmethod
+    def seed_of(self, task_id: str) -> Task | None:
+        """A buffer task by id (the seeds a proposal was conditioned on)."""
+
+    @abstractmethod
+    def sample_buffer(self, k: int, rng: random.Random) -> list[Task]:
+        """k buffer tasks the solver also attempts this step (keeps it busy early on)."""
+
+    @abstractmethod
+    def add_to_buffer(self, tasks: list[Task]) -> int:
+        """Add this step's valid proposed tasks; returns how many were new."""
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """The buffer (and any other state that must survive a restart), JSON-serializable."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""

@@ -1,0 +1,150 @@
+"""The data flow of one self-play step, defined once and run by both executors.
+
+    propose(weights) -> validate (every verifier, a slice each) -> update_buffer (proposer)
+    [-> env_state (proposer, checkpoint steps)] -> solve(weights) -> grade (every verifier)
+    -> candidates (scorer 0) -> score(weights) (every scorer shard) -> learn (learner)
+
+`STEP` lists the stages: which worker role runs each, which earlier outputs it takes, and
+whether it runs on every worker of its role (a fan-out, returning one part per worker).
+`submit_step` walks it with a `Dispatch`: the local executor's calls workers in process and
+returns values, the Ray executor's calls actors and returns ObjectRefs, so the graph is the
+same in both. A worker method receives a `StageCall` (the step, its part of a fan-out) and its
+inputs in order: a fan-out input as the list of its parts, the weights as a `WeightsOffer`.
+
+Weights: a rollout or scoring stage is offered the weights the `VersionGate` allows for the
+step, as (version, [state]). The version travels as a top-level argument (Ray resolves it, a
+small int) and the state in a list (Ray leaves it a reference), so a worker fetches the state
+only when the version is newer than the one it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+Role = Literal["proposer", "solver", "verifier", "scorer", "learner"]
+WEIGHTS = "weights"  # the input name of a weights offer
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One node of the step: `role` runs method `name` on `inputs` (earlier stage names)."""
+
+    name: str
+    role: Role
+    inputs: tuple[str, ...] = ()
+    fan_out: bool = False  # one call per worker of `role`, each on its part
+    weights_of: str = ""  # with WEIGHTS among the inputs: whose weights (proposer/solver)
+    checkpoint_only: bool = False  # submitted only on checkpoint steps (else its output: None)
+
+
+STEP: tuple[Stage, ...] = (
+    Stage("propose", "proposer", (WEIGHTS,), weights_of="proposer"),
+    Stage("validate", "verifier", ("propose",), fan_out=True),
+    Stage("update_buffer", "proposer", ("validate",)),
+    Stage("env_state", "proposer", ("update_buffer",), checkpoint_only=True),
+    Stage("solve", "solver", (WEIGHTS, "validate"), weights_of="solver"),
+    Stage("grade", "verifier", ("validate", "solve"), fan_out=True),
+    Stage("candidates", "scorer", ("validate", "solve", "grade")),
+    Stage("score", "scorer", (WEIGHTS, "candidates"), fan_out=True, weights_of="solver"),
+    Stage("learn", "learner", ("propose", "env_state", "validate", "solve", "grade", "score")),
+)
+
+Kind = Literal["one", "parts", "weights"]
+
+
+@dataclass(frozen=True)
+class StageCall:
+    """How a worker is called for a stage: the step, its part of a fan-out, and how the flat
+    positional arguments group back into the stage's inputs (`kinds[i]`, `sizes[i]`)."""
+
+    stage: str
+    step: int
+    part: int = 0
+    parts: int = 1
+    kinds: tuple[Kind, ...] = ()
+    sizes: tuple[int, ...] = ()
+
+
+@dataclass
+class WeightsOffer:
+    """Weights a stage may use: `version`, and a way to fetch the state dict if it is newer.
+
+    `fetch()` returns None when the state did not travel with the call (NCCL weight sync:
+    it arrives by broadcast)."""
+
+    version: int
+    fetch: Callable[[], dict | None]
+
+
+class Dispatch(Protocol):
+    """Where stages run: the executor's way of calling a worker."""
+
+    def count(self, role: Role) -> int:
+        """How many workers of `role` there are."""
+
+    def call(self, role: Role, index: int, call: StageCall, args: list[Any]) -> Any:
+        """Run `call.stage` on worker `index` of `role` with the flat `args`; a handle."""
+
+
+Snapshot = tuple[Any, list]  # (version handle, [state handle]) of one role's weights
+
+
+def submit_step(step: int, dispatch: Dispatch, weights: dict[str, Snapshot],
+                checkpoint: bool) -> dict[str, Any]:
+    """Submit every stage of `step` in order; returns the handle(s) of each stage's output
+    (a list for fan-out stages). `weights[role]` is what the version gate allows."""
+    out: dict[str, Any] = {}
+    for st in STEP:
+        if st.checkpoint_only and not checkpoint:
+            out[st.name] = None
+            continue
+        args: list[Any] = []
+        kinds: list[Kind] = []
+        sizes: list[int] = []
+        for name in st.inputs:
+            if name == WEIGHTS:
+                version, box = weights[st.weights_of]
+                args += [version, box]
+                kinds.append("weights")
+                sizes.append(2)
+            elif isinstance(out[name], list):
+                args += out[name]
+                kinds.append("parts")
+                sizes.append(len(out[name]))
+            else:
+                args.append(out[name])
+                kinds.append("one")
+                sizes.append(1)
+        n = dispatch.count(st.role) if st.fan_out else 1
+        handles = [dispatch.call(st.role, i, StageCall(st.name, step, i, n, tuple(kinds),
+                                                       tuple(sizes)), args)
+                   for i in range(n)]
+        out[st.name] = handles if st.fan_out else handles[0]
+    return out
+
+
+def regroup(call: StageCall, args: tuple | list, fetch: Callable[[Any], Any]) -> list[Any]:
+    """The stage's inputs from the flat `args`: a value, a list of parts, or a WeightsOffer
+    whose state is `fetch(box[0])` (the identity in process, `ray.get` in an actor)."""
+    out: list[Any] = []
+    i = 0
+    for kind, size in zip(call.kinds, call.sizes, strict=True):
+        chunk = list(args[i:i + size])
+        i += size
+        if kind == "one":
+            out.append(chunk[0])
+        elif kind == "parts":
+            out.append(chunk)
+        else:
+            version, box = chunk
+            out.append(WeightsOffer(int(version),
+                                    (lambda b=box: fetch(b[0]) if b else None)))
+    return out
+
+
+def run_stage(worker: Any, call: StageCall, args: tuple | list,
+              fetch: Callable[[Any], Any] = lambda x: x) -> Any:
+    """Run one stage on a worker object: `worker.<stage>(call, *inputs)`."""
+    return getattr(worker, call.stage)(call, *regroup(call, args, fetch))

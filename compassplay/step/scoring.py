@@ -1,0 +1,57 @@
+"""The scoring path of a step: candidates -> per-shard partials -> merge -> cosines -> rewards.
+
+Scorer shards return additive partials (`ScoredShard`); `merge_shards` sums them and finalizes
+(cosine, inner, grad_norm) per candidate, exactly as one unsharded scorer would; the learner
+then calls `stages.assign_rewards` with the result.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from compassplay.records import Candidate
+from compassplay.rewards.gradient import Partials, finalize
+from compassplay.step.messages import ScoredShard
+
+Alignment = dict[str, tuple[float, float, float]]  # task_id -> (cosine, inner, grad_norm)
+
+
+def merge_shards(shards: list[ScoredShard], param_shard: bool = False
+                 ) -> tuple[list[Candidate], Alignment]:
+    """Sum partials over shards and finalize cosines: {task_id: (cosine, inner, grad_norm)}.
+
+    Replica shards partition the candidates (each holds the full reference norm); parameter
+    shards partition the parameters, so their reference partials add up too.
+    """
+    if not shards:
+        return [], {}
+    cands = shards[0].cands
+    n = len(cands)
+    inner = torch.zeros(n, dtype=torch.float64)
+    sq = torch.zeros(n, dtype=torch.float64)
+    proj = None
+    ref_sq = 0.0
+    ref_proj = None
+    for s in shards:
+        if not s.index:
+            continue
+        ix = torch.tensor(s.index)
+        inner.index_add_(0, ix, torch.tensor(s.inner, dtype=torch.float64))
+        sq.index_add_(0, ix, torch.tensor(s.sq, dtype=torch.float64))
+        if s.proj is not None:
+            p = torch.tensor(s.proj, dtype=torch.float64)
+            proj = torch.zeros(n, p.shape[1], dtype=torch.float64) if proj is None else proj
+            proj.index_add_(0, ix, p)
+            rp = torch.tensor(s.ref_proj, dtype=torch.float64)
+            ref_proj = rp if ref_proj is None or not param_shard else ref_proj + rp
+        ref_sq = ref_sq + s.ref_sq if param_shard else s.ref_sq
+    if not any(s.index for s in shards):
+        return cands, {}
+    scores = finalize(Partials(inner, sq, proj), ref_sq, ref_proj)
+    return cands, {c.task_id: (r.cosine, r.inner, r.grad_norm)
+                   for c, r in zip(cands, scores, strict=True)}
+
+
+def merge_utility(shards: list[ScoredShard]) -> dict[str, float]:
+    """SOAR utilities of all shards (each shard owns distinct candidate groups)."""
+    return {k: v for s in shards for k, v in s.utility.items()}
