@@ -149,7 +149,7 @@ class LeanPool:
         """Check all requests concurrently across processes; verdicts in input order."""
         if self._executor is None:
             raise RuntimeError("LeanPool is not started (use `with` or .start())")
-        checks = [_as_check(r) for r in requests]
+        checks = [as_check(r) for r in requests]
         with self._cv:
             self._backlog += len(checks)
         return list(self._executor.map(self._check_counted, checks))
@@ -268,7 +268,8 @@ class LeanPool:
             }
 
 
-def _as_check(req: LeanCheck | str) -> LeanCheck:
+def as_check(req: LeanCheck | str) -> LeanCheck:
+    """A validated LeanCheck (a bare str is a proof under the default header)."""
     if isinstance(req, str):
         req = LeanCheck(req)
     if not isinstance(req, LeanCheck):
@@ -277,4 +278,4 @@ def _as_check(req: LeanCheck | str) -> LeanCheck:
     return req
 
 
-__all__ = ["DEFAULT_HEADER", "LeanCheck", "LeanPool", "LeanUnavailableError"]
+__all__ = ["DEFAULT_HEADER", "LeanCheck", "LeanPool", "LeanUnavailableError", "as_check"]
