@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -36,11 +37,12 @@ from compassplay.verifiers.lean_messages import (
 __all__ = [
     "LeanCrash", "LeanMemory", "LeanMessage", "LeanProtocolError", "LeanRepl", "LeanReplError",
     "LeanTimeout", "LeanVerdict", "check_statement_preserved", "elaborates_with_sorry",
-    "group_rss_bytes", "lean_verdict", "parse_messages",
+    "tree_rss_bytes", "lean_verdict", "parse_messages",
 ]
 
 MEMORY_MARKERS = ("out of memory", "memoryerror", "std::bad_alloc", "cannot allocate memory")
 _POLL_S = 0.05
+_RSS_EVERY_S = 0.25
 
 
 class LeanReplError(RuntimeError):
@@ -66,29 +68,37 @@ class LeanProtocolError(LeanReplError):
 
 
 def _limit_address_space(limit_bytes: int) -> None:
-    import resource
-
+    """preexec_fn: no imports or locks here (other threads may hold them at fork)."""
     resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
 
 
-def group_rss_bytes(pgid: int) -> int:
-    """Resident memory (bytes) of every process in group `pgid` (`lake env` runs repl as a
-    child), read from /proc; 0 where /proc is unavailable."""
-    total = 0
-    page = os.sysconf("SC_PAGE_SIZE")
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
     try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as fh:
-                fields = fh.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as fh:
+                out += [int(c) for c in fh.read().split()]
+    except (OSError, ValueError):
+        pass
+    return out
+
+
+def tree_rss_bytes(pid: int) -> int:
+    """Resident memory (bytes) of `pid` and its descendants (`lake env repl` runs the REPL as
+    a child), from /proc; 0 where /proc is unavailable."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
             continue
-        # fields[0] is state (field 3); pgrp is field 5, rss (pages) is field 24.
-        if len(fields) > 21 and int(fields[2]) == pgid:
-            total += int(fields[21]) * page
+        seen.add(p)
+        try:
+            with open(f"/proc/{p}/statm") as fh:
+                total += int(fh.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+        todo += _children(p)
     return total
 
 
@@ -99,8 +109,8 @@ class LeanRepl:
                  timeout_s: float = 60.0, memory_mb: int = 0, rss_limit_mb: int = 0,
                  max_reply_bytes: int = 8 << 20, env: Mapping[str, str] | None = None) -> None:
         """`timeout_s`: default wall-clock limit per request (s); `memory_mb`: RLIMIT_AS of the
-        process (MiB, 0 = none); `rss_limit_mb`: kill when the group's RSS exceeds it while a
-        request runs (MiB, 0 = none); `max_reply_bytes`: longest accepted response."""
+        process (MiB, 0 = none); `rss_limit_mb`: kill when the RSS of the process tree exceeds it
+        while a request runs (MiB, 0 = none); `max_reply_bytes`: longest accepted response."""
         if isinstance(command, str) or not command or not all(isinstance(c, str) for c in command):
             raise TypeError(f"command must be a non-empty list of str, got {command!r}")
         if timeout_s <= 0 or memory_mb < 0 or rss_limit_mb < 0 or max_reply_bytes < 64:
@@ -154,6 +164,7 @@ class LeanRepl:
     def _read_block(self, deadline: float) -> str:
         """Bytes up to the next blank line, skipping blank lines before the block."""
         fd = self.proc.stdout.fileno()  # type: ignore[union-attr]
+        next_rss = time.monotonic() + _RSS_EVERY_S
         while True:
             while self._buf[:1] in (b"\n", b"\r"):
                 del self._buf[:1]
@@ -171,9 +182,11 @@ class LeanRepl:
             if left <= 0:
                 self._fail(LeanTimeout, "no reply before the deadline")
             ready, _, _ = select.select([fd], [], [], min(left, _POLL_S))
-            if not ready:
-                if self.rss_limit_bytes and group_rss_bytes(self.proc.pid) > self.rss_limit_bytes:
+            if self.rss_limit_bytes and time.monotonic() >= next_rss:
+                next_rss = time.monotonic() + _RSS_EVERY_S
+                if tree_rss_bytes(self.proc.pid) > self.rss_limit_bytes:
                     self._fail(LeanMemory, f"RSS above {self.rss_limit_bytes >> 20} MiB")
+            if not ready:
                 continue
             chunk = os.read(fd, 1 << 20)
             if not chunk:
@@ -202,8 +215,8 @@ class LeanRepl:
         return self.proc.poll() is None
 
     def rss_bytes(self) -> int:
-        """Resident memory of the REPL's process group (bytes)."""
-        return group_rss_bytes(self.proc.pid) if self.alive() else 0
+        """Resident memory of the REPL process and its descendants (bytes)."""
+        return tree_rss_bytes(self.proc.pid) if self.alive() else 0
 
     def stderr_tail(self, n: int = 2000) -> str:
         try:

@@ -11,7 +11,8 @@ JSON objects followed by a blank line, as the real REPL emits them. Rules:
 Magic strings in the cmd: FAKE_HANG (never answers), FAKE_CRASH (exits 134 after a panic
 line on stderr), FAKE_GARBAGE (a non-JSON block), FAKE_HUGE:<bytes> (a message of that size),
 FAKE_OOM (allocates until MemoryError under RLIMIT_AS), FAKE_GROW:<MiB> (keeps that much
-resident), FAKE_SLOW:<seconds> (sleeps, then judges normally), FAKE_STDERR (writes to stderr).
+resident), FAKE_SLOW:<seconds> (sleeps, then judges normally), FAKE_STDERR (writes to stderr),
+FAKE_CHUNKED (the reply arrives in 7-byte writes).
 """
 
 from __future__ import annotations
@@ -25,9 +26,17 @@ ENVS: dict[int, str] = {}
 HOARD: list[bytes] = []
 
 
+CHUNKED = False
+
+
 def reply(obj: dict) -> None:
-    sys.stdout.write(json.dumps(obj, indent=1, ensure_ascii=False) + "\n\n")
-    sys.stdout.flush()
+    text = json.dumps(obj, indent=1, ensure_ascii=False) + "\n\n"
+    step = 7 if CHUNKED else len(text)
+    for i in range(0, len(text), step):  # FAKE_CHUNKED: many small writes, as a slow pipe
+        sys.stdout.write(text[i:i + step])
+        sys.stdout.flush()
+        if CHUNKED:
+            time.sleep(0.002)
 
 
 def read_request() -> str | None:
@@ -84,6 +93,8 @@ def handle(req: dict) -> dict | None:
     if "FAKE_OOM" in cmd:
         while True:
             HOARD.append(b"x" * (64 << 20))
+    global CHUNKED
+    CHUNKED = "FAKE_CHUNKED" in cmd
     if "FAKE_STDERR" in cmd:
         sys.stderr.write("lean: " + "noise " * 20000 + "\n")
     grow = re.search(r"FAKE_GROW:(\d+)", cmd)

@@ -115,6 +115,19 @@ def test_repl_header_env_reuse_and_judging() -> None:
         assert lean_verdict(bad).status == "error"
         assert lean_verdict(repl.send({"cmd": "#check 1", "env": 77})).errors == \
             ["Unknown environment."]
+        # A multi-line reply arriving in many small pieces, then the next one intact.
+        chunked = repl.send({"cmd": "theorem z : 3 = 3 := by sorry -- FAKE_CHUNKED", "env": 0})
+        assert lean_verdict(chunked).status == "sorry" and chunked["env"] == 4
+        assert lean_verdict(repl.send({"cmd": "theorem q : 1 = 1 := rfl", "env": 0})).accepted
+
+
+def test_fake_replies_span_several_lines() -> None:
+    import subprocess
+
+    out = subprocess.run(FAKE, input='{"cmd": "theorem z : 1 = 1 := by sorry"}\n\n',
+                         capture_output=True, text=True, timeout=10).stdout
+    block = out.split("\n\n")[0]
+    assert block.count("\n") > 5 and json.loads(block)["sorries"][0]["goal"] == "⊢ 1 = 1"
 
 
 def test_repl_timeout_off_the_main_thread_kills_the_group() -> None:
