@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -102,6 +102,53 @@ class ReferenceSection(Section):
     max_items: int = Field(32, ge=1)
 
 
+class ActorResources(Section):
+    num_cpus: float = Field(1.0, ge=0.0)
+    num_gpus: float = Field(0.0, ge=0.0)
+    resources: dict[str, float] = Field(default_factory=dict)
+
+
+class LeanScalingSection(Section):
+    """How many LeanVerifier actors run (compassplay/verifiers/lean_scaling.py)."""
+
+    min_actors: int = Field(0, ge=0, description="actors kept even when idle")
+    max_actors: int = Field(8, ge=1, description="upper bound (Lean nodes x lean_repl per node)")
+    checks_per_actor: int = Field(8, ge=1, description="backlog one actor is sized to absorb; "
+                                  "target = ceil(backlog / checks_per_actor)")
+    idle_grace_s: float = Field(60.0, ge=0.0, description="demand must stay below the current "
+                                "count this long (s) before actors are removed")
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> LeanScalingSection:
+        if self.min_actors > self.max_actors:
+            raise ValueError(f"min_actors ({self.min_actors}) > max_actors ({self.max_actors})")
+        return self
+
+
+class LeanSection(Section):
+    """Lean 4 REPL verifier (leanprover-community/repl), see compassplay/verifiers/lean_pool.py."""
+
+    command: list[str] = Field(default_factory=lambda: ["lake", "env", "repl"], min_length=1,
+                               description="REPL command, run in project_dir")
+    project_dir: str = Field("", description="Lean project with Mathlib built ('' = cwd)")
+    header: str = Field("import Mathlib", description="run once per process; proofs reuse its env")
+    processes: int = Field(4, ge=1, le=256, description="REPL processes per LeanVerifier actor")
+    timeout_s: float = Field(60.0, gt=0.0, description="wall-clock limit per check (s)")
+    header_timeout_s: float = Field(600.0, gt=0.0, description="limit for the header (s)")
+    memory_mb: int = Field(0, ge=0, description="RLIMIT_AS per REPL (MiB, 0 = none); Mathlib "
+                           "maps ~10 GiB of .olean files, so keep it well above that")
+    rss_limit_mb: int = Field(20480, ge=0, description="kill a check whose REPL's resident "
+                              "memory passes this (MiB, 0 = none) -> status 'memory'")
+    recycle_rss_mb: int = Field(12288, ge=0, description="restart a REPL after a check when "
+                                "its RSS is above this (MiB, 0 = never)")
+    max_uses: int = Field(500, ge=0, description="restart a REPL after this many checks (0 = never)")
+    max_reply_bytes: int = Field(8 << 20, ge=1024, description="longest accepted REPL reply")
+    actor: ActorResources = Field(
+        default_factory=lambda: ActorResources(num_cpus=1.0, resources={"lean_repl": 1.0}),
+        description="Ray resources of one LeanVerifier actor; `lean_repl` nodes advertise them")
+    scaling: LeanScalingSection = Field(default_factory=LeanScalingSection)
+
+
 class VerifierSection(Section):
     workers: int = Field(2, ge=1)
     timeout_s: float = Field(5.0, gt=0.0)
@@ -109,6 +156,7 @@ class VerifierSection(Section):
     max_output_bytes: int = Field(65536, ge=64)
     isolation: str = Field("bwrap", description="bwrap | unshare | "
                            "none-UNSAFE-trusted-local-debugging-only")
+    lean: LeanSection = Field(default_factory=LeanSection)
 
 
 class ScorerSection(Section):
@@ -154,12 +202,6 @@ class LoggingSection(Section):
                                  "Prometheus on another host (e.g. a KubeRay head pod)")
     progress: bool = True
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-
-
-class ActorResources(Section):
-    num_cpus: float = Field(1.0, ge=0.0)
-    num_gpus: float = Field(0.0, ge=0.0)
-    resources: dict[str, float] = Field(default_factory=dict)
 
 
 class ClusterSection(Section):

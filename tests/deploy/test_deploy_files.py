@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compassplay.config import RunConfig, load_config
+from compassplay.config import LeanSection, RunConfig, load_config
 from compassplay.run.metrics import RunMetrics
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,7 +23,10 @@ YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml"), CLUSTER_YA
 JSON_FILES = sorted(DEPLOY.rglob("*.json"))
 ROLES = ("proposer", "solver", "verifier", "scorer", "learner")
 BUILTIN = {"CPU", "GPU", "memory", "object_store_memory"}
-VERIFIER_RESOURCES = {"python_verifier", "lean_verifier"}
+# Verifier node type -> the custom resource it advertises (and its actors ask for).
+VERIFIER_NODES = {"python_verifier": "python_verifier", "lean_verifier": "lean_repl"}
+VERIFIER_RESOURCES = set(VERIFIER_NODES.values())
+INSTALL_LEAN = DEPLOY / "install_lean.sh"
 
 
 def _rel(p: Path) -> str:
@@ -100,9 +103,9 @@ def test_ray_cluster_node_types():
     assert types[cfg["head_node_type"]]["resources"]["CPU"] == 0
     assert types["gpu_worker"]["resources"]["GPU"] == 8
     assert _custom(types["gpu_worker"]["resources"])
-    for name in VERIFIER_RESOURCES:
+    for name, resource in VERIFIER_NODES.items():
         node = types[name]
-        assert node["resources"][name] >= 1 and node["resources"]["CPU"] > 0
+        assert node["resources"][resource] >= 1 and node["resources"]["CPU"] > 0
         assert node["min_workers"] == 0 and node["max_workers"] > 0
     head_cmds = " ".join(cfg["head_start_ray_commands"])
     assert "--metrics-export-port" in head_cmds and "--dashboard-host" in head_cmds
@@ -122,17 +125,80 @@ def test_kuberay_cluster_matches_ray_cluster_yaml():
             assert g["minReplicas"] == 0 and g["maxReplicas"] > 0
 
 
-def test_documented_verifier_resources_match_node_types():
-    """`cluster.verifier.resources: {NAME: 1}` in the docs names exactly the verifier nodes."""
-    pattern = re.compile(r"cluster\.verifier\.resources:\s*\{\s*(\w+)\s*:")
+def _documented(key: str) -> set[str]:
+    """Resource names documented as `KEY: {NAME: 1}` in the deploy docs (each doc names some)."""
+    pattern = re.compile(re.escape(key) + r":\s*\{\s*(\w+)\s*:")
     documented = set()
     for doc in (DEPLOY / "README.md", CLUSTER_YAML, DEPLOY / "kuberay" / "raycluster.yaml"):
         found = set(pattern.findall(doc.read_text().replace("\n#", " ").replace("  ", " ")))
-        assert found, f"{_rel(doc)} documents no cluster.verifier.resources"
+        assert found, f"{_rel(doc)} documents no {key}"
         documented |= found
-    assert documented == VERIFIER_RESOURCES
+    return documented
+
+
+def test_documented_verifier_resources_match_node_types():
+    """`cluster.verifier.resources: {python_verifier: 1}` and `verifiers.lean.actor.resources:
+    {lean_repl: 1}` in the docs name exactly the verifier nodes' resources."""
+    python, lean = _documented("cluster.verifier.resources"), \
+        _documented("verifiers.lean.actor.resources")
+    assert python == {"python_verifier"} and lean == {"lean_repl"}
+    assert set(LeanSection().actor.resources) == lean
     advertised = {r for t in _node_types().values() for r in _custom(t.get("resources", {}))}
-    assert documented <= advertised
+    assert python | lean == VERIFIER_RESOURCES <= advertised
+
+
+# ----------------------------------------------------------------------------- lean nodes
+def test_default_lean_actor_fits_a_lean_node():
+    lean = LeanSection()
+    node = _node_types()["lean_verifier"]
+    res = node["resources"]
+    assert lean.actor.num_gpus == 0 and lean.actor.num_cpus <= res["CPU"]
+    per_node = min(res[k] // v for k, v in lean.actor.resources.items())
+    assert per_node >= 1 and res["CPU"] >= per_node * lean.actor.num_cpus
+    # The fleet's ceiling can actually be placed on the node type's ceiling.
+    assert lean.scaling.max_actors <= per_node * node["max_workers"]
+    groups = _kuberay_groups()
+    assert _kuberay_resources(groups["lean-verifier"]) == {"lean_repl": res["lean_repl"]}
+
+
+def test_install_lean_script_installs_elan_toolchain_repl_and_mathlib():
+    res = subprocess.run(["bash", "-n", str(INSTALL_LEAN)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    text = INSTALL_LEAN.read_text()
+    assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text
+    for needle in ("elan-init.sh", "leanprover-community/$repo", "for repo in repl mathlib4",
+                   "lake exe cache get", "lake build", "repl/.lake/build/bin/repl",
+                   "lake env repl"):
+        assert needle in text, needle
+    # Both repos are cloned at the same tag (the REPL must match Mathlib's toolchain).
+    assert text.count('--branch "$LEAN_TAG"') == 1
+
+
+def test_lean_nodes_run_the_install_script():
+    script = "deploy/install_lean.sh"
+    node = _node_types()["lean_verifier"]
+    cmds = node["worker_setup_commands"]
+    install = [c for c in cmds if script in c]
+    assert install and "LEAN_HOME=/home/ray/lean" in install[0]
+    assert cmds.index(install[0]) > max(i for i, c in enumerate(cmds) if "pip install" in c)
+    assert any("git" in c and "curl" in c and "apt-get" in c for c in cmds)
+    spec = _kuberay_groups()["lean-verifier"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    assert script in " ".join(init["command"])
+    env = {e["name"]: e["value"] for e in init["env"]}
+    assert env["LEAN_HOME"] == "/home/ray/lean"
+    tag = re.search(r"LEAN_TAG=(\S+)", install[0]).group(1)
+    assert env["LEAN_TAG"] == tag
+    (worker,) = spec["containers"]
+    mounts = {m["name"]: m["mountPath"] for m in worker["volumeMounts"]}
+    assert mounts["lean"] == env["LEAN_HOME"]
+    assert {m["name"] for m in init["volumeMounts"]} == {"lean"}
+    wenv = {e["name"]: e["value"] for e in worker["env"]}
+    assert wenv["PATH"].split(":")[0] == env["BIN_DIR"]
+    assert wenv["ELAN_HOME"] == env["ELAN_HOME"]
+    # The documented project dir is where the script puts Mathlib.
+    for doc in (CLUSTER_YAML, DEPLOY / "kuberay" / "raycluster.yaml", DEPLOY / "README.md"):
+        assert "verifiers.lean.project_dir=/home/ray/lean/mathlib4" in doc.read_text(), doc
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=_rel)

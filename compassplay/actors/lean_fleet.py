@@ -1,0 +1,119 @@
+"""LeanVerifierFleet: routes Lean checks to LeanVerifier actors and resizes the set of actors.
+
+    fleet = LeanVerifierFleet.from_config(cfg.verifiers.lean)
+    ref = fleet.submit([LeanCheck(proof)])      # an ObjectRef of list[LeanVerdict]
+    fleet.poll()                                # reap, then add/remove actors; call it often
+    verdicts = ray.get(ref)
+
+The target count is LeanScaler's (pure, in compassplay/verifiers/lean_scaling.py), fed with
+the backlog = checks submitted through this fleet and not finished. New actors ask for
+`lean_repl`; when no node has a free one they stay pending and the Ray autoscaler adds a Lean
+node; removed actors free their `lean_repl`, and idle Lean nodes are then terminated. Only idle
+actors are removed (never one with a check in flight); the next poll retries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ray
+
+from compassplay.actors.lean_verifier import LeanVerifier, lean_actor_options
+from compassplay.verifiers.lean_pool import LeanCheck, as_check
+from compassplay.verifiers.lean_scaling import LeanScaler
+
+
+class LeanVerifierFleet:
+    """Driver-side owner of LeanVerifier actors (not thread-safe: one driver thread)."""
+
+    def __init__(self, pool_kwargs: dict[str, Any], scaler: LeanScaler, num_cpus: float = 1.0,
+                 resources: dict[str, float] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.pool_kwargs = dict(pool_kwargs)
+        self.scaler = scaler
+        self._options = lean_actor_options(num_cpus, resources or {"lean_repl": 1.0},
+                                           int(pool_kwargs.get("processes", 2)))
+        self._clock = clock
+        self._actors: list[Any] = []
+        self._load: dict[int, int] = {}            # id(actor) -> checks in flight
+        self._refs: dict[Any, tuple[Any, int]] = {}  # ref -> (actor, checks)
+        self.history: list[tuple[float, int, int]] = []  # (t s, backlog, actors) per poll
+        self._t0 = clock()
+        for _ in range(scaler.min_actors):
+            self._add()
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> LeanVerifierFleet:
+        """Build from a `compassplay.config.LeanSection`."""
+        kwargs = dict(command=list(cfg.command), cwd=cfg.project_dir or None,
+                      processes=cfg.processes, timeout_s=cfg.timeout_s,
+                      header_timeout_s=cfg.header_timeout_s, memory_mb=cfg.memory_mb,
+                      rss_limit_mb=cfg.rss_limit_mb, recycle_rss_mb=cfg.recycle_rss_mb,
+                      max_uses=cfg.max_uses, max_reply_bytes=cfg.max_reply_bytes)
+        return cls(kwargs, LeanScaler.from_config(cfg.scaling), cfg.actor.num_cpus,
+                   dict(cfg.actor.resources))
+
+    # ------------------------------------------------------------------ work
+    def submit(self, requests: Sequence[LeanCheck | str]) -> Any:
+        """Send one batch to the least-loaded actor (validated here, so bad input raises in the
+        driver); returns the ObjectRef of its verdicts."""
+        checks = [as_check(r) for r in requests]
+        self.poll(extra=len(checks))
+        if not self._actors:
+            self._add()
+        actor = min(self._actors, key=lambda a: self._load[id(a)])
+        ref = actor.check_many.remote(checks)
+        self._refs[ref] = (actor, len(checks))
+        self._load[id(actor)] += len(checks)
+        return ref
+
+    def backlog(self) -> int:
+        return sum(n for _, n in self._refs.values())
+
+    def size(self) -> int:
+        return len(self._actors)
+
+    def poll(self, extra: int = 0) -> int:
+        """Reap finished batches, then resize to the scaler's target for backlog + `extra`;
+        returns the actor count."""
+        if self._refs:
+            done, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
+            for ref in done:
+                actor, n = self._refs.pop(ref)
+                self._load[id(actor)] -= n
+        backlog = self.backlog() + extra
+        target = self.scaler.decide(backlog, len(self._actors), self._clock())
+        while len(self._actors) < target:
+            self._add()
+        idle = [a for a in self._actors if self._load[id(a)] == 0]
+        for actor in idle[:max(0, len(self._actors) - target)]:
+            self._remove(actor)
+        self.history.append((round(self._clock() - self._t0, 2), backlog, len(self._actors)))
+        return len(self._actors)
+
+    def stats(self) -> list[dict[str, Any]]:
+        """Each actor's pool stats (blocks until every actor answers)."""
+        return ray.get([a.stats.remote() for a in self._actors])
+
+    # ------------------------------------------------------------------ actors
+    def _add(self) -> None:
+        actor = LeanVerifier.options(**self._options).remote(**self.pool_kwargs)
+        self._actors.append(actor)
+        self._load[id(actor)] = 0
+
+    def _remove(self, actor: Any) -> None:
+        self._actors.remove(actor)
+        self._load.pop(id(actor), None)
+        try:  # stop its REPL process groups before the actor process goes
+            ray.get(actor.close.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 -- a dead actor has nothing left to close
+            pass
+        ray.kill(actor)
+
+    def close(self) -> None:
+        """Close and kill every actor (in-flight batches fail)."""
+        for actor in list(self._actors):
+            self._remove(actor)
+        self._refs.clear()

@@ -1,0 +1,79 @@
+"""LeanVerifier actors on a real local Ray cluster: they run checks, and the fleet adds actors
+under load and removes them when idle (the actor counts over time are printed)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FAKE = [sys.executable, str(Path(__file__).parents[1] / "verifiers" / "fake_lean_repl.py")]
+OK = "theorem t : 1 + 1 = 2 := by decide"
+
+
+@pytest.fixture(scope="module")
+def ray_lean(tmp_path_factory: pytest.TempPathFactory):
+    ray = pytest.importorskip("ray")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAY_AUTH_MODE", "disabled")
+    ray.init(num_cpus=2, resources={"lean_repl": 4}, include_dashboard=False,
+             log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    mp.undo()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_lean_verifier_actor_checks_and_reports(ray_lean) -> None:
+    from compassplay.actors.lean_verifier import LeanVerifier, lean_actor_options
+    from compassplay.verifiers.lean_pool import LeanCheck
+
+    opts = lean_actor_options(0, {"lean_repl": 1}, processes=2)
+    actor = LeanVerifier.options(**opts).remote(command=FAKE, processes=2, timeout_s=1.0)
+    reqs = [OK, LeanCheck("theorem z : 2 = 2 := by sorry"), "FAKE_HANG", "FAKE_CRASH", OK]
+    verdicts = ray_lean.get(actor.check_many.remote(reqs))
+    assert [v.status for v in verdicts] == ["accepted", "sorry", "timeout", "crash", "accepted"]
+    stats = ray_lean.get(actor.stats.remote())
+    assert stats["checks_total"] == 5 and stats["backlog"] == 0 and stats["restarts"] >= 1
+    ray_lean.get(actor.close.remote())
+    ray_lean.kill(actor)
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_fleet_adds_actors_under_load_and_removes_them_when_idle(ray_lean) -> None:
+    from compassplay.actors.lean_fleet import LeanVerifierFleet
+    from compassplay.verifiers.lean_scaling import LeanScaler
+
+    scaler = LeanScaler(min_actors=0, max_actors=4, checks_per_actor=2, idle_grace_s=1.0)
+    fleet = LeanVerifierFleet({"command": FAKE, "processes": 2, "timeout_s": 10.0}, scaler,
+                              num_cpus=0, resources={"lean_repl": 1})
+    try:
+        assert fleet.poll() == 0
+        refs = [fleet.submit([f"FAKE_SLOW:1.0 {OK}"]) for _ in range(8)]
+        assert fleet.size() == 4 and fleet.backlog() == 8
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and (fleet.backlog() or fleet.size()):
+            fleet.poll()
+            time.sleep(0.2)
+        verdicts = [v for batch in ray_lean.get(refs) for v in batch]
+        print("\n(t s, backlog, actors):", fleet.history)
+        counts = [n for _, _, n in fleet.history]
+        assert all(v.accepted for v in verdicts) and len(verdicts) == 8
+        assert max(counts) == 4 and counts[-1] == 0
+        peak = counts.index(4)
+        assert counts[:peak] == sorted(counts[:peak])
+        assert counts[peak:] == sorted(counts[peak:], reverse=True)
+        # Idle actors went only after the grace: the last busy poll and the drop to 0 are
+        # at least idle_grace_s apart.
+        last_busy = max(t for t, b, _ in fleet.history if b)
+        first_zero = min(t for t, _, n in fleet.history if n == 0 and t > last_busy)
+        assert first_zero - last_busy >= 1.0
+        # Their lean_repl resources are free again (what lets the autoscaler drop Lean nodes).
+        time.sleep(0.5)
+        assert ray_lean.available_resources().get("lean_repl") == 4
+    finally:
+        fleet.close()
