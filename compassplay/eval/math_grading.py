@@ -22,6 +22,8 @@ from pathlib import Path
 
 from compassplay.eval.records import EvalItem, Grade
 
+WORKER_MODULE = "compassplay.eval.math_worker"
+
 
 def _worker_env() -> dict[str, str]:
     """The host environment with this package's root first on PYTHONPATH."""
@@ -33,13 +35,13 @@ def _worker_env() -> dict[str, str]:
 
 
 class _Worker:
-    """One `python -m compassplay.eval.math_worker` process speaking JSON lines on stdio
+    """One `python -m <module>` (default `compassplay.eval.math_worker`) process speaking JSON lines on stdio
     (a plain subprocess: no multiprocessing re-import of the caller's main module, which
     breaks in scripts without a main guard and in Ray workers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, module: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "compassplay.eval.math_worker"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", module], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1,
             env=_worker_env())
         self._replies: queue.Queue[str | None] = queue.Queue()
@@ -83,15 +85,17 @@ class _Worker:
 
 class MathGrader:
     """`grade(items, predictions) -> list[Grade]`; `timeout_s` bounds one check (the first
-    check of a fresh worker also pays for importing sympy: `startup_s` is added to it)."""
+    check of a fresh worker also pays for importing sympy: `startup_s` is added to it);
+    `module` is the worker's module (tests swap in a stub)."""
 
-    def __init__(self, workers: int = 2, timeout_s: float = 10.0, startup_s: float = 30.0
-                 ) -> None:
+    def __init__(self, workers: int = 2, timeout_s: float = 10.0, startup_s: float = 30.0,
+                 module: str = WORKER_MODULE) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.workers = workers
         self.timeout_s = timeout_s
         self.startup_s = startup_s
+        self.module = module
         self._idle: queue.Queue[tuple[_Worker, bool]] = queue.Queue()
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
@@ -108,7 +112,7 @@ class MathGrader:
         return self
 
     def _spawn(self) -> _Worker:
-        w = _Worker()
+        w = _Worker(self.module)
         with self._spawn_lock:
             self._all = [x for x in self._all if x.alive()] + [w]
         return w
