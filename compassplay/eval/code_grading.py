@@ -43,14 +43,14 @@ def humaneval_program(item: EvalItem, prediction: str) -> str:
 def _prepare(kind: str, item: EvalItem, prediction: str) -> tuple[str | None, str, str]:
     """(program or None when rejected, extracted answer, rejection reason)."""
     if kind in ("cruxeval-o", "livecodebench"):
-        pred = crux_output(prediction)
+        pred = crux_output(prediction, f"{item.entry_point}({item.input})")
         if not pred:
             return None, pred, "no answer"
         if _calls(pred, item.entry_point):
             return None, pred, "calls the function"
         return f"{item.code}\nassert ({item.output}) == ({pred})\n", pred, ""
     if kind == "cruxeval-i":
-        call = crux_input_call(prediction, item.entry_point)
+        call = crux_input_call(prediction, item.entry_point, item.output)
         if call == f"{item.entry_point}()" and item.input.strip():
             return None, call, "no answer"
         return f"{item.code}\nassert ({item.output}) == {call}\n", call, ""

@@ -2,7 +2,9 @@
 
 CRUXEval replies are `assert f(X) == Y` (inside [ANSWER] tags, a code block, or bare). For
 cruxeval-o the answer is Y, for cruxeval-i it is the call `f(X)`. A reply that is already the
-bare answer (a predictions file holding just `Y`, `X` or `f(X)`) is taken as it is.
+bare answer (a predictions file holding just `Y`, `X` or `f(X)`) is taken as it is. With several
+assertions (small models echo the few-shot examples), the one about this item is taken: the one
+whose call is `f(<input>)` (cruxeval-o) or whose value is the given output (cruxeval-i).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ def answer_block(text: str) -> str:
     return text.strip()
 
 
-def _assertion(text: str) -> tuple[str, str] | None:
-    """(left, right) source of the first `assert L == R` line in `text`, if any."""
+def _assertions(text: str) -> list[tuple[str, str]]:
+    """(left, right) source of every `assert L == R` line in `text`, in order."""
+    pairs = []
     for line in text.splitlines():
         line = line.strip()
         if not line.startswith("assert"):
@@ -36,29 +39,51 @@ def _assertion(text: str) -> tuple[str, str] | None:
         except (SyntaxError, IndexError, ValueError):
             if "==" in line:  # CRUXEval's own fallback
                 left, right = line[len("assert"):].split("==", 1)
-                return left.strip(), right.strip()
+                pairs.append((left.strip(), right.strip()))
             continue
         test = getattr(node, "test", None)
         if isinstance(test, ast.Compare) and len(test.ops) == 1 and \
                 isinstance(test.ops[0], ast.Eq):
-            return ast.get_source_segment(line, test.left) or "", \
-                ast.get_source_segment(line, test.comparators[0]) or ""
-    return None
+            pairs.append((ast.get_source_segment(line, test.left) or "",
+                          ast.get_source_segment(line, test.comparators[0]) or ""))
+    return pairs
 
 
-def crux_output(text: str) -> str:
-    """The predicted output literal of a cruxeval-o reply."""
+def _same(a: str, b: str) -> bool:
+    """Equal as Python expressions (layout and quotes aside)."""
+    try:
+        return ast.dump(ast.parse(a, mode="eval")) == ast.dump(ast.parse(b, mode="eval"))
+    except SyntaxError:
+        return a.strip() == b.strip()
+
+
+def _pick(pairs: list[tuple[str, str]], side: int, target: str | None) -> tuple[str, str] | None:
+    """The assertion that answers this item: with several (a model that echoes the few-shot
+    examples), the first whose `side` matches `target` (the call or output the prompt gave),
+    else the first one."""
+    pairs = [p for p in pairs if "??" not in p[0] + p[1]]
+    if target is not None:
+        for p in pairs:
+            if _same(p[side], target):
+                return p
+    return pairs[0] if pairs else None
+
+
+def crux_output(text: str, call: str | None = None) -> str:
+    """The predicted output literal of a cruxeval-o reply; `call` (`f(<input>)`) picks the
+    assertion about this item when the reply has several."""
     block = answer_block(text)
-    pair = _assertion(block)
+    pair = _pick(_assertions(block), 0, call)
     if pair is not None:
         return pair[1]
     return block.splitlines()[0].strip() if block else ""
 
 
-def crux_input_call(text: str, fn: str = "f") -> str:
-    """The predicted call `fn(X)` of a cruxeval-i reply (bare `X` becomes `fn(X)`)."""
+def crux_input_call(text: str, fn: str = "f", output: str | None = None) -> str:
+    """The predicted call `fn(X)` of a cruxeval-i reply (bare `X` becomes `fn(X)`); `output`
+    picks the assertion about this item when the reply has several."""
     block = answer_block(text)
-    pair = _assertion(block)
+    pair = _pick(_assertions(block), 1, output)
     expr = pair[0] if pair is not None else (block.splitlines()[0].strip() if block else "")
     if re.match(rf"^{re.escape(fn)}\s*\(", expr) and _balanced_call(expr):
         return expr

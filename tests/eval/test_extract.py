@@ -26,3 +26,11 @@ def test_cut_at_stop():
     assert cut_at_stop("assert f(1) == 2\n[/ANSWER]", ["[/ANSWER]"]) == "assert f(1) == 2\n"
     assert cut_at_stop("    return 1\ndef g", ["\ndef ", "\n#"]) == "    return 1"
     assert cut_at_stop("abc", []) == "abc"
+
+
+def test_several_assertions_pick_the_one_about_this_item():
+    echo = ("assert f(17) == 17\nassert f(\"x9j\") == ??\nassert f([1, 2]) == [2, 1]\n")
+    assert crux_output(echo, call="f([1,2])") == "[2, 1]"
+    assert crux_output(echo) == "17"  # no target: the first one
+    assert crux_input_call(echo, output="[2,1]") == "f([1, 2])"
+    assert crux_input_call("assert f(??) == 3\nassert f(4) == 3", output="3") == "f(4)"
