@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compassplay.eval.records import STEP_KIND, line_kind
+from compassplay.eval.eval_records import STEP_KIND, line_kind
 from compassplay.runlog import METRICS_FILE, read_metrics
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compassplay.eval import loaders
-from compassplay.eval.records import EvalItem
+from compassplay.eval.eval_records import EvalItem
 
 
 @dataclass(frozen=True)

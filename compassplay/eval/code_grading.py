@@ -15,8 +15,8 @@ import ast
 import re
 import secrets
 
+from compassplay.eval.eval_records import EvalItem, Grade
 from compassplay.eval.extract import code_block, crux_input_call, crux_output
-from compassplay.eval.records import EvalItem, Grade
 from compassplay.tasks.code.runner import CodeRunner
 
 

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from compassplay.eval.benchmarks import BENCHMARKS, parse_names
-from compassplay.eval.records import EvalResult
+from compassplay.eval.eval_records import EvalResult
 
 DATA_DIR_ENV = "COMPASSPLAY_DATA_DIR"
 
@@ -87,7 +87,7 @@ def _print_table(results: list[EvalResult]) -> None:
 
 
 def _grade_predictions(args: argparse.Namespace) -> int:
-    from compassplay.eval.grading import Grader, grade_file
+    from compassplay.eval.grader import Grader, grade_file
 
     if not args.benchmark or args.benchmark not in BENCHMARKS:
         print(f"error: --predictions needs --benchmark, one of {', '.join(BENCHMARKS)}",
@@ -121,11 +121,15 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from compassplay.eval.evaluator import Evaluator
-    from compassplay.eval.grading import Grader
+    from compassplay.eval.grader import Grader
     from compassplay.eval.model_spec import load_eval_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok = load_eval_model(args.model, args.tokenizer, args.dtype, device)
+    try:
+        model, tok = load_eval_model(args.model, args.tokenizer, args.dtype, device)
+    except (FileNotFoundError, OSError) as exc:  # ModelNotFoundError is a FileNotFoundError
+        print(f"error: --model {args.model}: {exc}", file=sys.stderr)
+        return 2
     chat = None if args.chat == "auto" else args.chat == "yes"
     with Grader(workers=args.workers, timeout_s=args.timeout_s) as grader, \
             Evaluator(model, tok, names, args.data_dir, data_files=_data_files(args.data_file),

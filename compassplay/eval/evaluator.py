@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from compassplay.engines.base import GenerationEngine, SamplingParams
-from compassplay.eval import prompts
+from compassplay.eval import eval_prompts
 from compassplay.eval.benchmarks import BENCHMARKS, find_data, load_items
-from compassplay.eval.grading import Grader, outcomes
-from compassplay.eval.records import EvalItem, EvalResult
+from compassplay.eval.eval_records import EvalItem, EvalResult
+from compassplay.eval.grader import Grader, outcomes
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:
@@ -54,7 +54,7 @@ class Evaluator:
             engine = HFGenerationEngine(model, tokenizer)
         self.engine = engine
         self._grader, self._own_grader = grader or Grader(), grader is None
-        self.chat = prompts.has_chat_template(tokenizer) if chat is None else chat
+        self.chat = eval_prompts.has_chat_template(tokenizer) if chat is None else chat
         self.progress = progress
         self._items: dict[str, tuple[list[EvalItem], str] | str] = {}
 
@@ -91,11 +91,11 @@ class Evaluator:
         """Greedy completions (stop strings cut off) and finish reasons, in item order.
         Prompts are batched by length to waste little padding."""
         bench = BENCHMARKS[name]
-        stop = prompts.stop_strings(bench.kind, self.chat)
+        stop = eval_prompts.stop_strings(bench.kind, self.chat)
         params = SamplingParams(max_new_tokens=self.max_new_tokens or bench.max_new_tokens,
                                 temperature=0.0, stop=stop, seed=0)
-        ids = [prompts.encode(self.tokenizer, prompts.prompt_text(bench.kind, it, self.chat),
-                              self.chat) for it in items]
+        texts_in = [eval_prompts.prompt_text(bench.kind, it, self.chat) for it in items]
+        ids = [eval_prompts.encode(self.tokenizer, t, self.chat) for t in texts_in]
         order = sorted(range(len(items)), key=lambda i: len(ids[i]))
         texts, finish = [""] * len(items), [""] * len(items)
         bar = None

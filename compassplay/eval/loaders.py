@@ -23,7 +23,7 @@ import json
 import re
 from pathlib import Path
 
-from compassplay.eval.records import EvalItem
+from compassplay.eval.eval_records import EvalItem
 
 ID_FIELDS = ("unique_id", "id", "idx", "task_id", "question_id")
 

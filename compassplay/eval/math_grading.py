@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from compassplay.eval.records import EvalItem, Grade
+from compassplay.eval.eval_records import EvalItem, Grade
 
 WORKER_MODULE = "compassplay.eval.math_worker"
 
@@ -49,8 +49,11 @@ class _Worker:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._replies.put(line)
+        try:
+            for line in self.proc.stdout:
+                self._replies.put(line)
+        except (OSError, ValueError):  # the pipe went away with a killed worker
+            pass
         self._replies.put(None)
 
     def alive(self) -> bool:
@@ -75,12 +78,11 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(timeout=10)
-        for f in (self.proc.stdin, self.proc.stdout):
-            try:
-                if f is not None:
-                    f.close()
-            except OSError:
-                pass
+        try:  # stdout is left to the reader thread, which sees EOF and ends
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        except OSError:
+            pass
 
 
 class MathGrader:

@@ -1,6 +1,6 @@
 """Runs read back for `compassplay report`: what each run logged, grouped into arms.
 
-A run dir holds config.yaml and metrics.jsonl (see `compassplay.eval.records` for its line
+A run dir holds config.yaml and metrics.jsonl (see `compassplay.eval.eval_records` for its line
 kinds), and optionally samples.jsonl (one row per proposal with its reward). Runs are grouped
 into arms by the config's `run.name` with a trailing seed suffix removed (`cos-seed1`,
 `cos_seed2`, `cos-s3`, `cos-seed-4` -> `cos`), or, with `--group-by reward`, by `reward.kind`.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from compassplay.eval.records import COST_FIELD, COST_KIND, EVAL_KIND, STEP_KIND, line_kind
+from compassplay.eval.eval_records import COST_FIELD, COST_KIND, EVAL_KIND, STEP_KIND, line_kind
 
 SEED_SUFFIX = re.compile(r"([-_.](seed[-_]?|s)|seed)\d+$")
 FINAL_FRACTION = 0.25
@@ -136,6 +136,9 @@ def stat(values: list[float]) -> Stat | None:
 
 
 def cost_at(run: Run, step: int) -> float | None:
-    """Cumulative device seconds at `step` (the last known value at or before it)."""
+    """Cumulative device seconds at `step` (the last known value at or before it; 0 at step
+    0, before any training, when nothing was logged there)."""
     known = [s for s in run.cost if s <= step]
-    return run.cost[max(known)] if known else None
+    if known:
+        return run.cost[max(known)]
+    return 0.0 if step == 0 and run.cost else None

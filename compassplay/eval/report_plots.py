@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from compassplay.eval.benchmarks import BENCHMARKS
-from compassplay.eval.records import COST_FIELD, LEAN_FIELDS
+from compassplay.eval.eval_records import COST_FIELD, LEAN_FIELDS
 from compassplay.eval.report_data import Run, cost_at, stat
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from compassplay.eval.grading import Grader
+from compassplay.eval.grader import Grader
 from compassplay.eval.math_grading import MathGrader
 from tests.tasks.conftest import make_runner
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from compassplay.eval.records import EvalItem
+from compassplay.eval.eval_records import EvalItem
 
 
 def gold(item: EvalItem, kind: str) -> str:
@@ -43,7 +43,7 @@ if __name__ == "__main__":  # pragma: no cover - measurement helper
     import time
 
     from compassplay.eval.benchmarks import BENCHMARKS, find_data, load_items
-    from compassplay.eval.grading import Grader
+    from compassplay.eval.grader import Grader
 
     data_dir = sys.argv[1]
     names = sys.argv[2].split(",") if len(sys.argv) > 2 else list(BENCHMARKS)

@@ -6,7 +6,7 @@ import json
 import random
 from pathlib import Path
 
-from compassplay.eval.records import CostMetric, EvalMetric
+from compassplay.eval.eval_records import CostMetric, EvalMetric
 
 
 def make_run(root: Path, name: str, seed: int, reward: str, offset: float, steps: int = 8,

@@ -10,8 +10,8 @@ import pytest
 
 from compassplay.engines.base import GenerationEngine, SamplingParams
 from compassplay.eval.benchmarks import BENCHMARKS
+from compassplay.eval.eval_records import EvalMetric
 from compassplay.eval.evaluator import Evaluator
-from compassplay.eval.records import EvalMetric
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.records import Generation
 from tests.eval.gold import gold

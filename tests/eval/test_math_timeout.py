@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 
+from compassplay.eval.eval_records import EvalItem
 from compassplay.eval.math_grading import MathGrader
 from compassplay.eval.math_worker import check
-from compassplay.eval.records import EvalItem
 
 
 def test_hung_worker_times_out_and_is_replaced_off_the_main_thread():

@@ -32,3 +32,10 @@ def test_checkpoint_and_run_dir_load_with_the_run_tokenizer(tmp_path):
                              strict=True):
             assert torch.equal(a, b), k
         assert not loaded.training
+
+
+def test_a_folder_without_weights_is_a_clear_error(tmp_path, capsys):
+    from compassplay.cli import main
+
+    assert main(["eval", "--model", str(tmp_path), "--benchmarks", "cruxeval-o"]) == 2
+    assert "no config.json" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from compassplay.eval.benchmarks import BENCHMARKS, find_data, load_items
 from tests.eval.conftest import SHARED
 from tests.eval.gold import gold, perturbed
 
-N = 60
+N = 30
 
 
 @pytest.mark.parametrize("name", [n for n in BENCHMARKS if n != "livecodebench"])

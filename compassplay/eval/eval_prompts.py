@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compassplay.eval.records import EvalItem
+from compassplay.eval.eval_records import EvalItem
 
 CRUX_OUTPUT = '''You are given a Python function and an assertion containing an input to the function. Complete the assertion with a literal (no unsimplified expressions, no function calls) containing the output when executing the provided code on the given input, even if the function is incorrect or incomplete. Do NOT output any extra information. Provide the full assertion with the correct output in [ANSWER] and [/ANSWER] tags, following the examples.
 

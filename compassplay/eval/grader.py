@@ -14,8 +14,8 @@ from pathlib import Path
 
 from compassplay.eval.benchmarks import BENCHMARKS, find_data, load_items
 from compassplay.eval.code_grading import grade_code
+from compassplay.eval.eval_records import EvalItem, EvalResult, Grade, ItemOutcome
 from compassplay.eval.math_grading import MathGrader
-from compassplay.eval.records import EvalItem, EvalResult, Grade, ItemOutcome
 from compassplay.tasks.code.runner import CodeRunner
 
 
