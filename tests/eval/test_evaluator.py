@@ -103,3 +103,19 @@ def test_cli_eval_tiny_model_writes_results_and_predictions(data_dir, tmp_path, 
              if x]
     assert len(preds) == 6 and {p["benchmark"] for p in preds} == set(doc["benchmarks"])
     assert "accuracy" in capsys.readouterr().out
+
+
+def test_evaluate_from_a_worker_thread(data_dir, grader):
+    """As a Ray actor would call it: off the main thread, math grading included."""
+    import threading
+
+    tok = build_byte_tokenizer()
+    engine = ScriptedEngine(tok, {})
+    ev = Evaluator(None, tok, ["math500", "cruxeval-i"], data_dir, grader=grader, chat=False,
+                   engine=engine)
+    engine.answers.update(_answers(ev, ["math500", "cruxeval-i"]))
+    out = {}
+    t = threading.Thread(target=lambda: out.update(r=ev.evaluate()))
+    t.start()
+    t.join(120)
+    assert [r.accuracy for r in out["r"]] == [1.0, 1.0]
