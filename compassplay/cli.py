@@ -1,4 +1,4 @@
-"""`compassplay run | config show | bench NAME | plot`: the command line.
+"""`compassplay run | config show | bench NAME | plot | eval | report | reference build`.
 
 Config errors exit with code 2 and a message naming the file and field (no traceback).
 """
@@ -55,6 +55,35 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="PNG path (default RUN_DIR/metrics.png)")
 
 
+def _add_eval(sub: argparse._SubParsersAction) -> None:
+    from compassplay.eval import commands
+
+    p = sub.add_parser("eval", help="evaluate a model on benchmarks, or grade predictions",
+                       description=commands.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands.add_arguments(p)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    from compassplay.eval import report
+
+    p = sub.add_parser("report", help="tables and plots over runs (arms, seeds, baseline)",
+                       description=report.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    report.add_arguments(p)
+
+
+def _add_reference(sub: argparse._SubParsersAction) -> None:
+    from compassplay.eval import reference_build
+
+    p = sub.add_parser("reference", help="reference sets")
+    rsub = p.add_subparsers(dest="reference_cmd", required=True)
+    b = rsub.add_parser("build", help="build a {prompt, solution} reference jsonl",
+                        description=reference_build.__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter)
+    reference_build.add_arguments(b)
+
+
 def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compassplay", description=__doc__)
     sub = parser.add_subparsers(dest="cmd")
@@ -62,6 +91,9 @@ def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
     _add_config(sub)
     _add_bench(sub, chosen_bench)
     _add_plot(sub)
+    _add_eval(sub)
+    _add_report(sub)
+    _add_reference(sub)
     return parser
 
 
@@ -106,6 +138,18 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "bench":
             return _bench(args)
+        if args.cmd == "eval":
+            from compassplay.eval import commands
+
+            return commands.run(args)
+        if args.cmd == "report":
+            from compassplay.eval import report
+
+            return report.run(args)
+        if args.cmd == "reference":
+            from compassplay.eval import reference_build
+
+            return reference_build.run(args)
         if args.cmd == "plot":
             from compassplay.run.plot import plot_run
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from compassplay.eval.eval_records import STEP_KIND, line_kind
 from compassplay.run.runlog import METRICS_FILE, read_metrics
 
 
@@ -15,7 +16,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
-    rows = read_metrics(run_dir / METRICS_FILE)
+    rows = [r for r in read_metrics(run_dir / METRICS_FILE) if line_kind(r) == STEP_KIND]
     if not rows:
         raise ValueError(f"{run_dir / METRICS_FILE} has no steps to plot")
     steps = [r["step"] for r in rows]

@@ -1,0 +1,123 @@
+"""Typed eval records, and the metrics.jsonl schema for eval results and compute cost.
+
+metrics.jsonl (one JSON object per line, see `compassplay.run.runlog`) holds three kinds of line:
+
+* step lines: `StepStats` (no "kind" key, or "kind": "step"). A step line may carry the cost
+  field `cumulative_device_seconds` (device seconds spent by training up to and including the
+  step, all devices summed, evaluation excluded) and, for Lean runs, `coverage` (cumulative
+  fraction of targets solved) and `copy_rate` (fraction of in-band conjectures whose
+  token-Jaccard to their seed exceeds 0.8).
+* eval lines: `EvalMetric`, {"kind": "eval", "step", "version", "benchmark", "accuracy", "n"}.
+* cost lines: `CostMetric`, {"kind": "cost", "step", "cumulative_device_seconds"}, for writers
+  that account cost apart from the step line.
+
+Every field past "kind"/"step" may be missing in old runs; readers skip what is not there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EVAL_KIND = "eval"
+COST_KIND = "cost"
+STEP_KIND = "step"
+COST_FIELD = "cumulative_device_seconds"
+LEAN_FIELDS = ("coverage", "copy_rate")
+
+
+@dataclass(frozen=True)
+class EvalItem:
+    """One benchmark item. Code items use code/input/output/entry_point (CRUXEval,
+    LiveCodeBench) or problem/test/entry_point (HumanEval, `answer` = canonical solution);
+    math items use problem/answer, and `alt_answers` are further accepted answers (Minerva)."""
+
+    def golds(self) -> tuple[str, ...]:
+        return (self.answer, *self.alt_answers)
+
+    benchmark: str
+    id: str
+    problem: str = ""
+    answer: str = ""
+    alt_answers: tuple[str, ...] = ()
+    code: str = ""
+    input: str = ""
+    output: str = ""
+    entry_point: str = "f"
+    test: str = ""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Grade(_Record):
+    """The verdict on one prediction: `extracted` is the answer the grader read out of it."""
+
+    correct: bool
+    extracted: str = ""
+    error: str = ""
+
+
+class ItemOutcome(_Record):
+    """One line of the predictions jsonl."""
+
+    benchmark: str
+    id: str
+    prediction: str
+    extracted: str = ""
+    correct: bool
+    error: str = ""
+    finish_reason: str = ""
+
+
+class EvalResult(_Record):
+    """One benchmark's result. `skipped` is the reason when it did not run (data missing)."""
+
+    benchmark: str
+    accuracy: float | None = None
+    n: int = 0
+    correct: int = 0
+    skipped: str = ""
+    data_path: str = ""
+    seconds: float = 0.0
+    generate_seconds: float = 0.0
+    grade_seconds: float = 0.0
+    items_per_s: float = 0.0
+    items: list[ItemOutcome] = Field(default_factory=list)
+
+    def summary(self) -> dict:
+        """The result without its per-item outcomes (for the output JSON)."""
+        return self.model_dump(exclude={"items"})
+
+
+class EvalMetric(_Record):
+    """An eval line of metrics.jsonl."""
+
+    kind: Literal["eval"] = EVAL_KIND
+    step: int
+    version: int = 0
+    benchmark: str
+    accuracy: float
+    n: int = 0
+
+    @classmethod
+    def from_result(cls, r: EvalResult, step: int, version: int = 0) -> EvalMetric:
+        if r.accuracy is None:
+            raise ValueError(f"{r.benchmark} was skipped ({r.skipped}); nothing to record")
+        return cls(step=step, version=version, benchmark=r.benchmark, accuracy=r.accuracy, n=r.n)
+
+
+class CostMetric(_Record):
+    """A cost line of metrics.jsonl (or put COST_FIELD on the step line instead)."""
+
+    kind: Literal["cost"] = COST_KIND
+    step: int
+    cumulative_device_seconds: float = Field(ge=0.0)
+
+
+def line_kind(row: dict) -> str:
+    """'step', 'eval', 'cost' (or whatever a newer writer put in "kind")."""
+    return str(row.get("kind", STEP_KIND))
