@@ -118,12 +118,21 @@ class Zygote:
             libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         else:
             libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        # pid 1 only receives signals it has handlers for: keep none (Python installs SIGINT).
+        # pid 1 only receives signals it has handlers for: keep none (Python installs SIGINT;
+        # programs inherit SIG_DFL too, so SIGINT ends them like any fatal signal).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        # Limits that do not depend on the request bind the zygote too (harmless: its process
+        # count is tiny, and in root mode it is exempt) and are inherited by every run.
+        limits = [(resource.RLIMIT_FSIZE, self.fsize), (resource.RLIMIT_CORE, 0),
+                  (resource.RLIMIT_NOFILE, self.nofile)]
+        if self.isolated:  # unisolated, the count would include all the host user's processes
+            limits.append((resource.RLIMIT_NPROC, self.nproc))
+        for which, value in limits:
+            resource.setrlimit(which, (value, value))
+        seed = os.environ.get("PYTHONHASHSEED", "0")  # the one this interpreter runs with
         os.environ.clear()  # the programs' environment, set once and inherited by every fork
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.scratch,
-                           "TMPDIR": self.scratch, "LANG": "C.UTF-8",
-                           "PYTHONHASHSEED": os.environ.get("PYTHONHASHSEED", "0")})
+                           "TMPDIR": self.scratch, "LANG": "C.UTF-8", "PYTHONHASHSEED": seed})
         if cfg.get("seccomp"):
             sandbox_seccomp = sys.modules["sandbox_seccomp"]  # preloaded by the bootstrap
             sandbox_seccomp.install(sandbox_seccomp.build_filter())  # inherited by every run
@@ -136,6 +145,8 @@ class Zygote:
                              errors="backslashreplace", line_buffering=True),
         )
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
+        self._poller = select.poll()
+        self._scratch_clean = False
         self._wipe()
         gc.collect()
         gc.freeze()  # the child's collections never walk (and copy) the zygote's pages
@@ -150,22 +161,16 @@ class Zygote:
             os.closerange(3, 1 << 16)
             os.chdir(self.scratch)
             os.umask(0o077)
-            setrlimit = resource.setrlimit
-            mem = mem_mb * 1024 * 1024
-            setrlimit(resource.RLIMIT_AS, (mem, mem))
-            setrlimit(resource.RLIMIT_NPROC, (self.nproc, self.nproc))
-            setrlimit(resource.RLIMIT_FSIZE, (self.fsize, self.fsize))
-            setrlimit(resource.RLIMIT_CORE, (0, 0))
-            setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
+            mem = mem_mb * 1024 * 1024  # (NPROC, FSIZE, CORE, NOFILE: set once in the zygote)
+            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
             cpu = int(timeout) + 2
-            setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
             if self.setuid:
                 os.setgroups([])
                 os.setgid(self.gid)
                 os.setuid(self.uid)
                 if os.getuid() != self.uid or os.geteuid() != self.uid:
                     raise OSError("setuid did not take effect")
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             sys.stdin, sys.stdout, sys.stderr = self.stdio
             sys.argv = ["<program>"]
             status = _run_program(code)
@@ -193,8 +198,10 @@ class Zygote:
         try:
             status, exit_code, cpu_s, peak_kb, out, err = self._supervise(
                 pid, timeout, mem_mb * 1024 * 1024, limit, out_r, err_r, start)
-        finally:
+        except BaseException:
             self._sweep(pid)
+            raise
+        finally:
             os.close(out_r)
             os.close(err_r)
         duration = time.monotonic() - start
@@ -207,9 +214,8 @@ class Zygote:
                    err_r: int, start: float) -> tuple:
         deadline = start + timeout
         out, err = bytearray(), bytearray()
-        bufs = {out_r: out, err_r: err}
         pidfd = os.pidfd_open(pid)
-        poller = select.poll()
+        poller = self._poller
         for fd in (out_r, err_r, pidfd):
             poller.register(fd, select.POLLIN)
         open_fds = 2
@@ -234,7 +240,7 @@ class Zygote:
                         poller.unregister(fd)
                         open_fds -= 1
                         continue
-                    bufs[fd] += chunk
+                    (out if fd == out_r else err).extend(chunk)
                     if len(out) + len(err) > limit:
                         verdict = "output_limit"
                 if verdict is not None:
@@ -245,6 +251,11 @@ class Zygote:
                         verdict = "memory"
                         break
         finally:
+            for fd in (out_r, err_r, pidfd):
+                try:
+                    poller.unregister(fd)
+                except KeyError:
+                    pass
             os.close(pidfd)
         if reaped is None:
             self._sweep(pid)
@@ -304,6 +315,8 @@ class Zygote:
 
     # ---------------------------------------------------------------- scratch
     def _prepare_scratch(self) -> None:
+        if self._scratch_clean:
+            return
         try:
             os.mkdir(self.scratch, 0o700)
         except FileExistsError:
@@ -311,9 +324,11 @@ class Zygote:
             os.mkdir(self.scratch, 0o700)
         if self.setuid:
             os.chown(self.scratch, self.uid, self.gid)
+        self._scratch_clean = True
 
     def _wipe_if_dirty(self) -> None:
-        """Keep an untouched scratch dir for the next run; otherwise wipe everything."""
+        """Keep an untouched scratch dir (and nothing else in /tmp or /dev/shm) for the next run;
+        otherwise wipe everything."""
         try:
             st = os.lstat(self.scratch)
             clean = (stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
@@ -322,9 +337,8 @@ class Zygote:
                 clean = clean and os.listdir("/tmp") == ["work"] and not os.listdir("/dev/shm")
         except OSError:
             clean = False
-        if clean:
-            os.rmdir(self.scratch)
-        else:
+        self._scratch_clean = clean
+        if not clean:
             self._wipe()
 
     def _wipe(self) -> None:
