@@ -40,6 +40,7 @@ WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbo
 SECCOMP_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "sandbox_seccomp.py")
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
+PRIVATE_DIRS = ("/tmp", "/run", "/var/tmp", "/dev")  # fresh tmpfs/devtmpfs in every sandbox
 ROOTLESS_INNER_ID = 1000  # uid/gid inside the user namespace (the only one mapped)
 UID_BASE = 2_000_000
 
@@ -167,9 +168,11 @@ def _keep_paths() -> list[str]:
 
 def hidden_homes() -> list[tuple[str, list[str]]]:
     """(home, paths under it to re-expose) for /root and $HOME."""
-    homes = {"/root", os.path.expanduser("~")}
+    homes = {"/root", os.path.realpath(os.path.expanduser("~"))}
+    private = tuple(d + os.sep for d in PRIVATE_DIRS)  # hidden already (a home under /tmp)
     out = []
-    for home in sorted(h for h in homes if h and os.path.isdir(h) and h != "/"):
+    for home in sorted(h for h in homes if h and os.path.isdir(h) and h != "/"
+                       and not (h + os.sep).startswith(private)):
         out.append((home, [p for p in _keep_paths() if p.startswith(home + os.sep)]))
     return out
 
