@@ -5,8 +5,10 @@ isolation (bubblewrap namespaces, read-only root, tmpfs scratch, cleared env, se
 root mode: per-worker uid, rootless mode: unprivileged user namespace). The baseline is an
 unisolated in-process executor shaped like AZR's: a pool of reused worker processes that
 `exec` each program in a fresh namespace with redirected stdout (no fork per run, no isolation).
-Both sides use the same number of workers and programs and are measured alternately, `repeats`
-times, keeping the best of each; the machine's load average is reported alongside.
+A third side, the same pool with isolation switched off (fork per run from the warm zygote, no
+namespaces/uid/seccomp), shows what the isolation itself costs. All sides use the same number
+of workers and programs and are measured alternately, `repeats` times, keeping the best of each;
+the machine's load average is reported alongside (2 shared cores: numbers are noisy).
 """
 
 from __future__ import annotations
@@ -86,18 +88,22 @@ def run(args: argparse.Namespace) -> dict:
     """Run the benchmark and return the result object (also what --json prints)."""
     mode = isolation.preflight(args.isolation)
     load_before = os.getloadavg()
-    pool, base = [], []
-    with PythonSandbox(workers=args.workers, timeout_s=args.timeout_s,
-                       memory_mb=args.memory_mb, isolation=mode) as sb, \
+    pool, base, fork = [], [], []
+    kw = {"workers": args.workers, "timeout_s": args.timeout_s, "memory_mb": args.memory_mb}
+    with PythonSandbox(isolation=mode, **kw) as sb, \
+            PythonSandbox(isolation=isolation.UNSAFE_OPT_OUT, **kw) as unsafe, \
             ProcessPoolExecutor(max_workers=args.workers) as ex:
-        sb.run_many(_programs(8 * args.workers))  # warm-up
+        for pool_ in (sb, unsafe):
+            pool_.run_many(_programs(8 * args.workers))  # warm-up
         list(ex.map(_exec_unisolated, _programs(8 * args.workers)))
         for _ in range(args.repeats):
             pool.append(_pool_rate(sb, args.runs))
             base.append(_unisolated_rate(ex, args.runs))
+            fork.append(_pool_rate(unsafe, args.runs))
         snap = sb.stats.snapshot()
     best_pool = max(pool, key=lambda t: t[0])
     best_base = max(base, key=lambda t: t[0])
+    best_fork = max(fork, key=lambda t: t[0])
     return {
         "bench": "sandbox",
         "isolation": mode,
@@ -107,6 +113,8 @@ def run(args: argparse.Namespace) -> dict:
         "runs_per_s": round(best_pool[0], 1),
         "unisolated_runs_per_s": round(best_base[0], 1),
         "ratio_to_unisolated": round(best_pool[0] / best_base[0], 3),
+        "fork_per_run_unisolated_runs_per_s": round(best_fork[0], 1),
+        "ratio_to_fork_per_run_unisolated": round(best_pool[0] / best_fork[0], 3),
         "runs_per_s_all": [round(p[0], 1) for p in pool],
         "unisolated_runs_per_s_all": [round(b[0], 1) for b in base],
         "statuses": best_pool[1],

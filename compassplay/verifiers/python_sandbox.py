@@ -230,7 +230,9 @@ class PythonSandbox:
         """Feed one worker of `gen` from the shared `jobs` until none are left."""
         slot = gen.idle.get()
         try:
-            handle = self._ensure(gen, slot)
+            handle = self._ensure_quiet(gen, slot)
+            if handle is None:
+                return  # this worker cannot be restarted: the others take the jobs
             inflight: deque[tuple[int, float]] = deque()
             last = time.monotonic()
             while True:
@@ -254,8 +256,10 @@ class PythonSandbox:
                         break
                     inflight.append((i, time.monotonic()))
                 if not inflight:
-                    if not handle.alive():
-                        handle = self._restart(gen, slot)
+                    if jobs and not handle.alive():
+                        handle = self._ensure_quiet(gen, slot)
+                        if handle is None:
+                            return
                         continue
                     return
                 i, sent = inflight.popleft()
@@ -271,7 +275,9 @@ class PythonSandbox:
                                                         f"{exc}", None, now - begin), now - begin)
                     jobs.extendleft(reversed([j for j, _ in inflight]))  # these never ran
                     inflight.clear()
-                    handle = self._restart(gen, slot)
+                    handle = self._ensure_quiet(gen, slot)
+                    if handle is None:
+                        return
                     last = time.monotonic()
                     continue
                 last = time.monotonic()
@@ -337,11 +343,18 @@ class PythonSandbox:
         except Exception as exc:  # reported by _generation()
             return exc
 
-    def _ensure(self, gen: _Generation, slot: int) -> WorkerHandle:
+    def _ensure_quiet(self, gen: _Generation, slot: int) -> WorkerHandle | None:
+        """A live worker in `slot`, restarting it if needed; None if that fails (logged; the
+        next run on this slot tries again)."""
         handle = gen.slots[slot]
-        if handle is None or not handle.alive():
-            handle = self._restart(gen, slot)
-        return handle
+        if handle is not None and handle.alive():
+            return handle
+        try:
+            return self._restart(gen, slot)
+        except Exception as exc:  # noqa: BLE001 - reported, and retried on the next run
+            log.warning("sandbox worker %d (hash seed %d) could not be restarted: %s",
+                        slot, gen.seed, exc)
+            return None
 
     def _restart(self, gen: _Generation, slot: int) -> WorkerHandle:
         old = gen.slots[slot]
