@@ -8,6 +8,7 @@ When that is not possible, `reason` says why (it is logged and shown in the pool
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import threading
@@ -51,14 +52,33 @@ class CgroupMemory:
                 return
             subtree = _read(os.path.join(parent, "cgroup.subtree_control")).split()
             if "memory" not in subtree:
-                with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
-                    f.write("+memory")
+                self._enable_memory(parent)
             if not os.access(parent, os.W_OK):
                 raise PermissionError(f"{parent} is not writable")
         except OSError as exc:
             self.reason = f"cgroup v2 at {parent} is not delegated to this user ({exc})"
             return
         self.parent = parent
+
+    @staticmethod
+    def _enable_memory(parent: str) -> None:
+        """Turn on the memory controller for `parent`'s children. A cgroup that holds processes
+        cannot (cgroup v2's no-internal-processes rule): then this process first moves into a
+        leaf of its own, as systemd does, and tries again."""
+        control = os.path.join(parent, "cgroup.subtree_control")
+        try:
+            with open(control, "w") as f:
+                f.write("+memory")
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+        leaf = os.path.join(parent, f"compassplay-host-{os.getpid()}")
+        os.makedirs(leaf, exist_ok=True)
+        with open(os.path.join(leaf, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+        with open(control, "w") as f:
+            f.write("+memory")
 
     @staticmethod
     def _own_cgroup() -> str | None:

@@ -83,3 +83,28 @@ def test_pool_reports_isolation_and_cgroup(sandbox: PythonSandbox) -> None:
     snap = sandbox.stats.snapshot()
     assert snap["isolation"] == sandbox.mode
     assert snap["cgroup_memory"].startswith(("on", "off: "))
+
+
+def test_cgroup_moves_itself_into_a_leaf_when_the_parent_holds_processes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from compassplay.verifiers import sandbox_cgroup
+
+    parent = _fake_cgroup(tmp_path, "memory")
+    moved: list[str] = []
+    real_open = open
+
+    def fake_open(path, mode="r", *a, **k):  # the kernel refuses +memory until we moved out
+        if str(path).endswith("cgroup.subtree_control") and "w" in mode and not moved:
+            raise OSError(errno.EBUSY, "Device or resource busy")
+        if str(path).endswith("cgroup.procs") and "w" in mode:
+            moved.append(str(path))
+        return real_open(path, mode, *a, **k)
+
+    monkeypatch.setattr(sandbox_cgroup, "open", fake_open, raising=False)
+    cg = CgroupMemory(str(parent))
+    assert cg.available, cg.reason
+    assert moved == [str(parent / f"compassplay-host-{os.getpid()}" / "cgroup.procs")]
+    assert (parent / "cgroup.subtree_control").read_text() == "+memory"
