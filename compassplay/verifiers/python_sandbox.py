@@ -195,6 +195,8 @@ class PythonSandbox:
         groups: dict[int, deque[int]] = {}
         for i in range(len(codes)):
             seed = self.hash_seed if hash_seeds is None else int(hash_seeds[i])
+            if not 0 <= seed <= 0xFFFFFFFF:
+                raise ValueError(f"hash seed {seed} outside PYTHONHASHSEED's range 0..2**32-1")
             groups.setdefault(seed, deque()).append(i)
         results: list[ExecResult | None] = [None] * len(codes)
         self.stats.begin(len(codes))

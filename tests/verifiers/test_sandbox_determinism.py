@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from compassplay.config import TaskSection
 from compassplay.records import Task
 from compassplay.tasks.code.validity import validate_tasks
@@ -19,6 +21,8 @@ def test_hash_seeds_change_set_order(sandbox: PythonSandbox) -> None:
     env = sandbox.run("import os\nprint(os.environ['PYTHONHASHSEED'])", hash_seed=1)
     assert env.stdout == "1\n"
     assert sandbox.run(SET_ORDER).stdout == a0.stdout  # the pool's default seed is 0
+    with pytest.raises(ValueError, match="PYTHONHASHSEED"):
+        sandbox.run("print(1)", hash_seed=-1)
 
 
 def test_validity_flags_set_order_dependent_tasks(sandbox: PythonSandbox) -> None:
