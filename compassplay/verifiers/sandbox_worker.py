@@ -113,7 +113,7 @@ class Zygote:
             if os.getpid() != 1:
                 raise SystemExit("isolated zygote must be pid 1 of its own pid namespace")
             if cfg.get("loopback_down"):
-                _loopback_down()
+                _loopback_down(libc)
             # Same-uid programs (rootless mode) must not read or write our memory via /proc.
             libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         else:
@@ -452,13 +452,21 @@ def _status_kb(pid: int, key: bytes) -> int:
     return 0
 
 
-def _loopback_down() -> None:
-    """Bring `lo` down so even loopback has no route (needs CAP_NET_ADMIN in this netns)."""
-    import fcntl
-    import socket
+def _loopback_down(libc) -> None:
+    """Bring `lo` down so even loopback has no route (needs CAP_NET_ADMIN in this netns).
+    Through libc, not the socket module: every extension module the zygote loads adds
+    mappings that each fork has to copy."""
+    import ctypes
 
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        fcntl.ioctl(s.fileno(), 0x8914, struct.pack("16sH14x", b"lo", 0))  # SIOCSIFFLAGS
+    fd = libc.socket(2, 2, 0)  # AF_INET, SOCK_DGRAM
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "socket")
+    try:
+        req = ctypes.create_string_buffer(struct.pack("16sH14x", b"lo", 0), 40)
+        if libc.ioctl(fd, 0x8914, req) != 0:  # SIOCSIFFLAGS
+            raise OSError(ctypes.get_errno(), "ioctl(SIOCSIFFLAGS, lo)")
+    finally:
+        os.close(fd)
 
 
 def main() -> None:
