@@ -17,11 +17,15 @@ $(STAMP): pyproject.toml deploy/make_venv.sh
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
 	touch $(STAMP)
 
-# bubblewrap isolates the Python sandbox; installed with apt when missing (root or sudo).
+# bubblewrap isolates the Python sandbox; installed with apt when missing (root or sudo). As an
+# ordinary user the sandbox runs rootless (unprivileged user namespaces); the check below only
+# warns -- the sandbox itself names the cause and the fix (sysctl or AppArmor profile) on start.
 sysdeps:
 	@command -v bwrap >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=; else SUDO=sudo; fi; \
 	  $$SUDO apt-get update -q && $$SUDO apt-get install -y -q bubblewrap; }
+	@bwrap --unshare-user --unshare-pid --ro-bind / / /bin/true 2>/dev/null || \
+	  echo "note: bwrap cannot create user namespaces here; the Python sandbox will say why on start"
 
 setup: $(STAMP) sysdeps
 

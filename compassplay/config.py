@@ -154,7 +154,8 @@ class VerifierSection(Section):
     timeout_s: float = Field(5.0, gt=0.0)
     memory_mb: int = Field(512, ge=32)
     max_output_bytes: int = Field(65536, ge=64)
-    isolation: str = Field("bwrap", description="bwrap | unshare | "
+    isolation: str = Field("bwrap", description="bwrap (root mode when root, else rootless: an "
+                           "unprivileged user namespace) | bwrap-root | bwrap-userns | "
                            "none-UNSAFE-trusted-local-debugging-only")
     lean: LeanSection = Field(default_factory=LeanSection)
 

@@ -1,12 +1,19 @@
-"""Host-side isolation setup: bubblewrap command lines, preflight checks, uid allocation.
+"""Host-side isolation setup: modes, bubblewrap command lines, preflight checks, uid allocation.
 
-Each worker is one long-lived ``bwrap`` sandbox with fresh user-visible namespaces for
-network, pid, mount, ipc, uts and cgroup; the host root is bind-mounted read-only, ``/tmp``,
-``/run`` and the host home are private tmpfs mounts, the environment is cleared and all
-capabilities are dropped except the few the in-sandbox zygote needs to drop to an
-unprivileged uid, bring loopback down, account children's memory (SYS_PTRACE is needed only
-to read /proc/<pid>/smaps_rollup of non-dumpable children), kill leftovers and wipe scratch. The program itself never holds a
-capability (setuid from 0 to a non-zero uid clears them) and runs under no_new_privs.
+Each worker is one long-lived ``bwrap`` sandbox with fresh namespaces for network, pid, mount,
+ipc, uts and cgroup; the host root is bind-mounted read-only, ``/tmp``, ``/run``, ``/var/tmp``
+and the host homes are private tmpfs mounts, the environment is cleared (only PYTHONHASHSEED is
+set) and the zygote runs as pid 1 of the pid namespace. Two ways to get there:
+
+* root mode (``bwrap-root``, chosen by ``bwrap`` when the process is root): all capabilities are
+  dropped except the few the zygote needs to drop each program to a per-worker unprivileged
+  uid (so RLIMIT_NPROC binds), bring loopback down, kill leftovers and wipe scratch.
+* rootless mode (``bwrap-userns``, chosen by ``bwrap`` otherwise): bubblewrap creates an
+  unprivileged user namespace (no setuid helper) and the zygote holds no capability at all;
+  RLIMIT_NPROC counts per user namespace, so it binds per worker as well. Started by root
+  (tests, containers), bwrap is launched as ``rootless_uid`` (default 65534).
+
+Programs never hold a capability and run under no_new_privs and the seccomp filter.
 """
 
 from __future__ import annotations
@@ -24,10 +31,34 @@ from compassplay.verifiers import sandbox_seccomp
 
 log = logging.getLogger(__name__)
 
+AUTO = "bwrap"
+ROOT = "bwrap-root"
+ROOTLESS = "bwrap-userns"
 UNSAFE_OPT_OUT = "none-UNSAFE-trusted-local-debugging-only"
-ISOLATION_MODES = ("bwrap", UNSAFE_OPT_OUT)
+ISOLATION_MODES = (AUTO, ROOT, ROOTLESS, UNSAFE_OPT_OUT)
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 SECCOMP_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "sandbox_seccomp.py")
+ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
+             "CAP_FOWNER", "CAP_NET_ADMIN")
+PRIVATE_DIRS = ("/tmp", "/run", "/var/tmp", "/dev")  # fresh tmpfs/devtmpfs in every sandbox
+ROOTLESS_INNER_ID = 1000  # uid/gid inside the user namespace (the only one mapped)
+UID_BASE = 2_000_000
+
+_uid_lock = threading.Lock()
+_uid_counter = itertools.count()
+
+
+class SandboxUnavailableError(RuntimeError):
+    """OS isolation cannot be set up; the message says what is missing and how to fix it."""
+
+
+def resolve(mode: str) -> str:
+    """The concrete mode: `bwrap` means root mode when root, rootless mode otherwise."""
+    if mode not in ISOLATION_MODES:
+        raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {mode!r}")
+    if mode == AUTO:
+        return ROOT if os.geteuid() == 0 else ROOTLESS
+    return mode
 
 
 def worker_bootstrap() -> str:
@@ -46,22 +77,10 @@ def worker_bootstrap() -> str:
         "sys.modules['sandbox_seccomp'] = m\n"
         f"exec(compile({worker!r}, 'sandbox_worker.py', 'exec'), {{'__name__': '__main__'}})\n"
     )
-ZYGOTE_CAPS = (
-    "CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER",
-    "CAP_NET_ADMIN", "CAP_SYS_PTRACE",
-)
-UID_BASE = 2_000_000
-
-_uid_lock = threading.Lock()
-_uid_counter = itertools.count()
-
-
-class SandboxUnavailableError(RuntimeError):
-    """OS isolation cannot be set up; the message says what is missing and how to fix it."""
 
 
 def interpreter() -> str:
-    """The real (non-venv) Python binary, run with -I -S inside the sandbox."""
+    """The real (non-venv) Python binary, run with -s -S -B inside the sandbox."""
     return os.path.realpath(sys.executable)
 
 
@@ -73,62 +92,115 @@ def allocate_uids(n: int) -> list[int]:
     return [base + i for i in range(n)]
 
 
-def preflight(mode: str) -> None:
-    """Raise SandboxUnavailableError naming whatever the requested isolation lacks."""
+# ---------------------------------------------------------------------------- preflight
+def preflight(mode: str, rootless_uid: int = 65534) -> str:
+    """Resolve `mode` and raise SandboxUnavailableError naming whatever it lacks."""
+    mode = resolve(mode)
     if mode == UNSAFE_OPT_OUT:
-        return
-    if mode != "bwrap":
-        raise ValueError(f"isolation must be one of {ISOLATION_MODES}, got {mode!r}")
+        return mode
     missing = []
     if shutil.which("bwrap") is None:
-        missing.append("bubblewrap (bwrap) not found: apt-get install -y bubblewrap")
-    if os.geteuid() != 0:
-        missing.append(
-            "must run as root (the in-sandbox zygote needs CAP_SETUID to drop each program "
-            "to a distinct unprivileged uid so RLIMIT_NPROC binds)"
-        )
+        missing.append("bubblewrap (bwrap) not found: apt-get install -y bubblewrap "
+                       "(or `make sysdeps`)")
+    if mode == ROOT and os.geteuid() != 0:
+        missing.append(f"isolation={ROOT!r} must run as root (it switches each worker to its "
+                       f"own uid); use {AUTO!r} or {ROOTLESS!r} as an ordinary user")
     if not sandbox_seccomp.supported():
         missing.append(f"no seccomp filter for architecture {os.uname().machine}")
     if not hasattr(os, "pidfd_open"):
         missing.append("os.pidfd_open unavailable (needs Linux >= 5.3 and Python >= 3.9)")
     if missing:
         raise SandboxUnavailableError("Python sandbox isolation unavailable: " + "; ".join(missing))
-    probe = subprocess.run(
-        bwrap_prefix() + ["--", "/bin/true"], capture_output=True, timeout=30, check=False
-    )
+    cmd, env = spawn_command(mode, ["/bin/true"], rootless_uid=rootless_uid)
+    probe = subprocess.run(cmd, env=env, capture_output=True, timeout=30, check=False, cwd="/")
     if probe.returncode != 0:
+        err = probe.stderr.decode(errors="replace").strip()[:500]
+        if mode == ROOTLESS:
+            raise SandboxUnavailableError(userns_diagnosis(err))
         raise SandboxUnavailableError(
-            "bubblewrap cannot create namespaces (net/pid/mount/ipc/uts): "
-            + probe.stderr.decode(errors="replace").strip()[:500]
-        )
+            f"bubblewrap cannot create namespaces (net/pid/mount/ipc/uts): {err}")
+    return mode
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        with open("/proc/sys/" + name.replace(".", "/")) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def userns_diagnosis(bwrap_error: str) -> str:
+    """Why rootless bubblewrap failed, with the fix and the explicit opt-outs."""
+    causes = []
+    if _sysctl("kernel.unprivileged_userns_clone") == "0":
+        causes.append("unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone"
+                      "=0); fix: sudo sysctl -w kernel.unprivileged_userns_clone=1")
+    if _sysctl("user.max_user_namespaces") == "0":
+        causes.append("user.max_user_namespaces=0; fix: sudo sysctl -w "
+                      "user.max_user_namespaces=15000")
+    if _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        causes.append(
+            "AppArmor restricts unprivileged user namespaces (Ubuntu >= 23.10: "
+            "kernel.apparmor_restrict_unprivileged_userns=1); fix: give bwrap a profile that "
+            "allows them, e.g. printf 'abi <abi/4.0>,\\ninclude <tunables/global>\\nprofile bwrap "
+            "/usr/bin/bwrap flags=(unconfined) {\\n  userns,\\n}\\n' | sudo tee "
+            "/etc/apparmor.d/bwrap && sudo apparmor_parser -r /etc/apparmor.d/bwrap "
+            "(or, machine-wide, sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0)")
+    if not causes:
+        causes.append("no known sysctl explains it (containers: allow user namespaces, e.g. "
+                      "Docker --security-opt seccomp=unconfined --security-opt apparmor=unconfined)")
+    return (
+        "rootless Python sandbox unavailable: bubblewrap cannot create an unprivileged user "
+        f"namespace ({bwrap_error or 'no error text'}). Cause: " + "; ".join(causes)
+        + f". Alternatives: run as root (isolation {AUTO!r} then uses root mode), or opt out "
+        f"explicitly with verifiers.isolation={UNSAFE_OPT_OUT!r} (no OS isolation; trusted "
+        "local debugging only)."
+    )
+
+
+# ---------------------------------------------------------------------------- command lines
+def _keep_paths() -> list[str]:
+    return sorted({os.path.realpath(sys.base_prefix),
+                   os.path.dirname(os.path.dirname(interpreter())),
+                   os.path.dirname(WORKER_SCRIPT)})
+
+
+def hidden_homes() -> list[tuple[str, list[str]]]:
+    """(home, paths under it to re-expose) for /root and $HOME."""
+    homes = {"/root", os.path.realpath(os.path.expanduser("~"))}
+    private = tuple(d + os.sep for d in PRIVATE_DIRS)  # hidden already (a home under /tmp)
+    out = []
+    for home in sorted(h for h in homes if h and os.path.isdir(h) and h != "/"
+                       and not (h + os.sep).startswith(private)):
+        out.append((home, [p for p in _keep_paths() if p.startswith(home + os.sep)]))
+    return out
 
 
 def _hidden_home_binds() -> list[str]:
     """Hide /root and $HOME behind tmpfs, re-exposing the interpreter's prefix if inside."""
     args: list[str] = []
-    homes = {"/root", os.path.expanduser("~")}
-    keep = {
-        os.path.realpath(sys.base_prefix),
-        os.path.dirname(os.path.dirname(interpreter())),
-        os.path.dirname(WORKER_SCRIPT),
-    }
-    for home in sorted(h for h in homes if h and os.path.isdir(h) and h != "/"):
+    for home, keep in hidden_homes():
         args += ["--perms", "0755", "--tmpfs", home]
-        for path in sorted(keep):
-            if path.startswith(home + os.sep):
-                parts = os.path.relpath(path, home).split(os.sep)
-                for i in range(1, len(parts)):  # bwrap would create these 0700
-                    args += ["--perms", "0755", "--dir", os.path.join(home, *parts[:i])]
-                args += ["--ro-bind", path, path]
+        for path in keep:
+            parts = os.path.relpath(path, home).split(os.sep)
+            for i in range(1, len(parts)):  # bwrap would create these 0700
+                args += ["--perms", "0755", "--dir", os.path.join(home, *parts[:i])]
+            args += ["--ro-bind", path, path]
+        args += ["--remount-ro", home]  # rootless: the tmpfs would be the sandbox user's own
     return args
 
 
-def bwrap_prefix(tmpfs_mb: int = 64) -> list[str]:
+def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]:
     """bwrap arguments up to (not including) the command."""
-    args = [
-        "bwrap", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+    args = ["bwrap"]
+    if mode == ROOTLESS:
+        args += ["--unshare-user", "--uid", str(ROOTLESS_INNER_ID),
+                 "--gid", str(ROOTLESS_INNER_ID)]
+    args += [
+        "--unshare-ipc", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-uts",
         "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-        "--hostname", "sandbox",
+        "--setenv", "PYTHONHASHSEED", str(hash_seed), "--hostname", "sandbox",
         "--ro-bind", "/", "/",
         "--dev", "/dev", "--proc", "/proc",
         "--perms", "1777", "--size", str(tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
@@ -137,17 +209,63 @@ def bwrap_prefix(tmpfs_mb: int = 64) -> list[str]:
     ]
     args += _hidden_home_binds()
     args += ["--cap-drop", "ALL"]
-    for cap in ZYGOTE_CAPS:
-        args += ["--cap-add", cap]
-    return args
+    if mode == ROOT:
+        for cap in ROOT_CAPS:
+            args += ["--cap-add", cap]
+    return args + ["--chdir", "/tmp", "--"]
 
 
-def worker_command(mode: str, cfg: dict, tmpfs_mb: int) -> list[str]:
-    """Full command line that starts one zygote."""
-    zygote = [interpreter(), "-I", "-S", "-B", "-c", worker_bootstrap(), json.dumps(cfg)]
+def zygote_argv(cfg: dict) -> list[str]:
+    """The zygote's interpreter command line (no -I/-E: PYTHONHASHSEED must be honoured; the
+    environment is cleared around it)."""
+    return [interpreter(), "-s", "-S", "-B", "-c", worker_bootstrap(), json.dumps(cfg)]
+
+
+def spawn_command(mode: str, argv: list[str], *, tmpfs_mb: int = 64, hash_seed: int = 0,
+                  rootless_uid: int = 65534, cgroup: str | None = None
+                  ) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) that runs `argv` in a sandbox of `mode` (already resolved)."""
     if mode == UNSAFE_OPT_OUT:
-        return zygote
-    return bwrap_prefix(tmpfs_mb) + ["--chdir", "/tmp", "--"] + zygote
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": str(hash_seed)}
+        return argv, env
+    cmd = bwrap_prefix(mode, tmpfs_mb, hash_seed) + argv
+    drop = mode == ROOTLESS and os.geteuid() == 0
+    if not drop and cgroup is None:
+        return cmd, {}
+    spec = {"cgroup": cgroup, "uid": rootless_uid if drop else None,
+            "homes": hidden_homes() if drop else []}
+    return [interpreter(), "-I", "-S", "-c", LAUNCHER, json.dumps(spec)] + cmd, {}
+
+
+# Runs as the host user (root when `uid` is set): join the worker's cgroup, and when root starts
+# a rootless sandbox, drop to `uid` in a private mount namespace where the interpreter stays
+# reachable (a 0700 home of root is replaced by a 0755 tmpfs with the interpreter bound back).
+LAUNCHER = r"""
+import ctypes, json, os, sys
+spec = json.loads(sys.argv[1])
+argv = sys.argv[2:]
+if spec["cgroup"]:
+    with open(os.path.join(spec["cgroup"], "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+if spec["uid"] is not None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    def check(rc, what):
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), what)
+    check(libc.unshare(0x00020000), "unshare(CLONE_NEWNS)")
+    check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None), "make / private")
+    fds = {p: os.open(p, os.O_PATH) for _, keep in spec["homes"] for p in keep}
+    for home, keep in spec["homes"]:
+        check(libc.mount(b"tmpfs", home.encode(), b"tmpfs", 0x2 | 0x4, b"mode=0755"), "tmpfs")
+        for p in keep:
+            os.makedirs(p, 0o755, exist_ok=True)
+            src = f"/proc/self/fd/{fds[p]}".encode()
+            check(libc.mount(src, p.encode(), None, 0x1000 | 0x4000, None), "bind " + p)
+    os.setgroups([])
+    os.setgid(spec["uid"])
+    os.setuid(spec["uid"])
+os.execvp(argv[0], argv)
+"""
 
 
 def warn_unsafe() -> None:

@@ -2,7 +2,8 @@
 
 The filter is defence in depth on top of the namespaces: it refuses every socket family
 except AF_UNIX (so no connect to any IP address can even start), namespace creation,
-io_uring, SysV/POSIX IPC objects that would outlive a run, ptrace, mount and friends.
+io_uring, SysV/POSIX IPC objects that would outlive a run, ptrace, cross-process memory and fd
+access, mount and friends. The zygote installs it on itself once; every run inherits it.
 Unknown architectures and the x32 ABI are rejected outright.
 """
 
@@ -39,6 +40,7 @@ _ARCHES: dict[str, dict[str, int]] = {
         "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "shmget": 29, "semget": 64, "msgget": 68, "mq_open": 240,
+        "process_vm_readv": 310, "process_vm_writev": 311, "pidfd_getfd": 438,
     },
     "aarch64": {
         "arch": 0xC00000B7, "socket": 198, "clone": 220, "clone3": 435,
@@ -47,6 +49,7 @@ _ARCHES: dict[str, dict[str, int]] = {
         "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218,
         "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
         "shmget": 194, "semget": 190, "msgget": 186, "mq_open": 180,
+        "process_vm_readv": 270, "process_vm_writev": 271, "pidfd_getfd": 438,
     },
 }
 
@@ -55,6 +58,7 @@ _DENY_EPERM = (
     "perf_event_open", "userfaultfd", "keyctl", "add_key", "request_key",
     "io_uring_setup", "io_uring_enter", "io_uring_register",
     "shmget", "semget", "msgget", "mq_open",
+    "process_vm_readv", "process_vm_writev", "pidfd_getfd",
 )
 
 

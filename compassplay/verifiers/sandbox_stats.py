@@ -18,6 +18,12 @@ class SandboxStats:
         self._latencies: deque[float] = deque(maxlen=latency_window)
         self._total = 0
         self._restarts = 0
+        self._info: dict[str, str] = {}
+
+    def set_info(self, **info: str) -> None:
+        """Static facts about the pool (isolation mode, cgroup memory limit) for the snapshot."""
+        with self._lock:
+            self._info.update(info)
 
     def begin(self, n: int = 1) -> None:
         with self._lock:
@@ -43,11 +49,13 @@ class SandboxStats:
             lat = sorted(self._latencies)
             counts = dict(self._counts)
             in_flight, total, restarts = self._in_flight, self._total, self._restarts
+            info = dict(self._info)
 
         def pct(q: float) -> float:
             return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
 
         return {
+            **info,
             "queue_depth": in_flight,
             "runs_total": total,
             "counts": counts,

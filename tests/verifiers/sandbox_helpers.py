@@ -7,19 +7,44 @@ from pathlib import Path
 
 import pytest
 
-from compassplay.verifiers.isolation import SandboxUnavailableError, preflight
+from compassplay.verifiers.isolation import ROOT, ROOTLESS, SandboxUnavailableError, preflight
 
 HOST_SECRET = "COMPASSPLAY_TEST_HOST_SECRET"
+MODES = {"root": ROOT, "rootless": ROOTLESS}
 
 
-def require_isolation() -> None:
-    """Skip (or fail under CI=1) when this machine cannot provide the isolation."""
+def require_isolation(mode: str = "bwrap") -> None:
+    """Skip (or fail under CI=1) when this machine cannot provide the isolation. Root mode is
+    skipped, never failed, when the tests do not run as root."""
+    if mode == ROOT and os.geteuid() != 0:
+        pytest.skip("root mode needs root")
     try:
-        preflight("bwrap")
+        preflight(mode)
     except SandboxUnavailableError as exc:
         if os.environ.get("CI"):
             raise
         pytest.skip(f"sandbox isolation unavailable: {exc}")
+
+
+def _status_field(pid: int, key: str) -> str:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def leftovers(sandbox) -> list[int]:
+    """Host pids inside the pool's sandboxes other than bwrap and the zygotes (pid 1 inside)."""
+    out = []
+    for root in sandbox.worker_pids():
+        for pid in descendants(root):
+            if _status_field(pid, "Name") == "bwrap" or _status_field(pid, "NSpid").split()[-1:] == ["1"]:
+                continue
+            out.append(pid)
+    return out
 
 
 def processes_of(uids: list[int]) -> list[int]:

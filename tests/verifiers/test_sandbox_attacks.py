@@ -1,17 +1,30 @@
-"""Hostile programs: each must end with the expected status and leave the host unchanged."""
+"""Hostile programs: each must end with the expected status and leave the host unchanged.
+
+Every test here runs in root mode and in rootless mode (see conftest). Statuses other than
+ok/error are the supervisor's observations, so a program cannot fake them with an exit code.
+"""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from compassplay.verifiers.isolation import ROOT, ROOTLESS
 from compassplay.verifiers.python_sandbox import PythonSandbox
-from tests.verifiers.sandbox_helpers import HOST_SECRET, descendants, dir_state, processes_of
+from tests.verifiers.sandbox_helpers import (
+    HOST_SECRET,
+    descendants,
+    dir_state,
+    leftovers,
+    processes_of,
+)
 
 ANY_FAIL = ("error", "timeout", "killed", "memory")
 
@@ -22,6 +35,8 @@ class Attack:
     code: str
     statuses: tuple[str, ...]
     stdout_has: str | None = None
+    stdout_rootless: str | None = None  # where rootless mode legitimately differs
+    stderr_has: str | None = None
 
 
 ATTACKS = [
@@ -29,8 +44,12 @@ ATTACKS = [
            "    except OSError:\n        pass", ("timeout", "error", "killed", "memory")),
     Attack("shell_fork_bomb", "import os\nos.system('f(){ f|f& };f')\nprint('launched')",
            ("ok", "timeout", "error"), None),
-    Attack("memory_bomb", "x = bytearray(10**10)", ("memory",)),
+    # Refused by RLIMIT_AS before any memory is used: a plain MemoryError, i.e. "error".
+    Attack("memory_bomb", "x = bytearray(10**10)", ("error",), stderr_has="MemoryError"),
     Attack("memory_bomb_incremental", "xs = []\nwhile True:\n    xs.append(bytearray(10**7))",
+           ("error", "memory"), stderr_has="MemoryError"),
+    # Really holds its memory: the kernel-measured peak makes it "memory".
+    Attack("memory_bomb_touched", "xs = []\nwhile True:\n    xs.append(b'x' * 10**7)",
            ("memory",)),
     Attack("memory_bomb_children",
            "import os, time\nfor _ in range(4):\n    if os.fork() == 0:\n"
@@ -87,11 +106,28 @@ ATTACKS = [
            "import subprocess\nr = subprocess.run(['bash', '-c', 'echo hi > /dev/tcp/127.0.0.1/@PORT@"
            " && echo CONNECTED'], capture_output=True, text=True)\nprint(r.stdout or 'failed')",
            ("ok",), "failed"),
+    # Root mode: the zygote is another uid. Rootless: it is pid 1 without signal handlers, so
+    # the kernel drops the signals (the pool-intact checks below prove it survived).
     Attack("kill_parent",
            "import os, signal\nfor pid in (os.getppid(), 1):\n    try:\n"
-           "        os.kill(pid, signal.SIGKILL)\n    except PermissionError:\n"
-           "        print('denied')", ("ok",), "denied\ndenied"),
-    Attack("kill_everything", "import os\nos.kill(-1, 9)\nprint('survived')", ("ok",), "survived"),
+           "        os.kill(pid, signal.SIGKILL)\n        print('sent')\n"
+           "    except PermissionError:\n        print('denied')", ("ok",), "denied\ndenied",
+           stdout_rootless="sent\nsent"),
+    Attack("signal_zygote_with_handler_signals",
+           "import os, signal\nfor s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):\n"
+           "    try:\n        os.kill(1, s)\n    except PermissionError:\n        pass\nprint('done')",
+           ("ok",), "done"),
+    Attack("kill_everything",
+           "import os\ntry:\n    os.kill(-1, 9)\nexcept ProcessLookupError:\n    pass\n"
+           "print('survived')", ("ok",), "survived"),
+    Attack("zygote_memory_via_proc", "open('/proc/1/mem', 'rb').read(1)", ("error",)),
+    Attack("zygote_fds_via_proc", "import os\nprint(os.listdir('/proc/1/fd'))", ("error",)),
+    # Statuses cannot be forged.
+    Attack("fake_memory_exit_code", "import os\nos._exit(113)", ("error",)),
+    Attack("fake_memory_error", "raise MemoryError", ("error",)),
+    Attack("fake_timeout_signal", "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)",
+           ("killed",)),
+    Attack("fake_output_limit_exit", "import sys\nsys.exit(124)", ("error",)),
     Attack("huge_output", "print('x' * 10**8)", ("output_limit",)),
     Attack("endless_output", "import sys\nwhile True:\n    sys.stdout.write('y' * 1000)",
            ("output_limit",)),
@@ -117,8 +153,8 @@ ATTACKS = [
            ("error",)),
     Attack("proc_snooping",
            "import os\npids = [p for p in os.listdir('/proc') if p.isdigit()]\n"
-           "print(len(pids), str(@HOST_PID@) in pids)\nopen('/proc/2/environ').read()",
-           ("error",), "3 False"),
+           "print(len(pids), str(@HOST_PID@) in pids)\nopen('/proc/1/environ').read()",
+           ("error",), "2 False"),
     Attack("file_size_bomb", "open('big', 'wb').write(b'x' * (64 * 2**20))", ("error",)),
     Attack("fd_exhaustion", "fs = [open('/dev/null') for _ in range(100000)]", ("error",)),
     Attack("sysv_shm_persist",
@@ -131,13 +167,19 @@ ATTACKS = [
 
 
 @pytest.fixture(scope="module")
-def host_sentinels(tmp_path_factory: pytest.TempPathFactory):
-    tmp_dir = tmp_path_factory.mktemp("sandbox-sentinel")
+def host_sentinels(sandbox: PythonSandbox):
+    """Host files the attacks try to change. In rootless mode they belong to the user the
+    sandboxes run as, so only the sandbox (not file permissions) keeps them safe."""
+    tmp_dir = Path(tempfile.mkdtemp(prefix="compassplay-sentinel-"))
     (tmp_dir / "keep.txt").write_text("host data")
     home = Path(os.path.expanduser("~")) / f".compassplay_sandbox_sentinel_{os.getpid()}"
     home.write_text("home data")
+    if sandbox.mode == ROOTLESS and os.geteuid() == 0:
+        for p in (tmp_dir, tmp_dir / "keep.txt", home):
+            os.chown(p, sandbox.rootless_uid, sandbox.rootless_uid)
     yield tmp_dir, home
     home.unlink(missing_ok=True)
+    shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
 PROBE = (
@@ -145,7 +187,7 @@ PROBE = (
     "print(sorted(os.listdir('/tmp')), os.listdir('.'), os.listdir('/dev/shm'),"
     " len([p for p in os.listdir('/proc') if p.isdigit()]), print is builtins.print)"
 )
-PROBE_OUT = "['work'] [] [] 3 True\n"
+PROBE_OUT = "['work'] [] [] 2 True\n"
 PWNED = ["/tmp/pwned_tmp", "/tmp/from_thread", "/tmp/from_daemon", "/root/pwned_sys",
          "/root/pwned_root", "/etc/pwned_sys", "/etc/pwned_etc", "/work/pwned_sub"]
 
@@ -161,8 +203,13 @@ def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentin
             .replace("@HOST_PID@", str(os.getpid())))
     result = sandbox.run(code)
     assert result.status in attack.statuses, result
-    if attack.stdout_has is not None:
-        assert attack.stdout_has in result.stdout, result
+    expected = attack.stdout_has
+    if sandbox.mode == ROOTLESS and attack.stdout_rootless is not None:
+        expected = attack.stdout_rootless
+    if expected is not None:
+        assert expected in result.stdout, result
+    if attack.stderr_has is not None and result.status == "error":
+        assert attack.stderr_has in result.stderr, result
     assert "WROTE" not in result.stdout and "CONNECTED" not in result.stdout
     assert "hunter2" not in result.stdout + result.stderr
     assert len(result.stdout) + len(result.stderr) <= sandbox.max_output_bytes
@@ -170,7 +217,7 @@ def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentin
     assert dir_state(tmp_dir) == before
     assert home.read_text() == "home data"
     assert [p for p in PWNED if os.path.exists(p)] == []
-    assert processes_of(sandbox.uids) == []
+    assert processes_of(sandbox.uids) == [] and leftovers(sandbox) == []
     with pytest.raises(BlockingIOError):
         listener.accept()
     # pool intact and no state carried into the next run on either worker
@@ -195,6 +242,10 @@ def test_no_host_env_and_no_capabilities(sandbox: PythonSandbox) -> None:
 
 
 def test_workers_use_distinct_unprivileged_uids(sandbox: PythonSandbox) -> None:
+    if sandbox.mode != ROOT:
+        r = sandbox.run("import os\nprint(os.getuid(), os.getgid())")
+        assert r.stdout == "1000 1000\n", r  # the only id mapped in the user namespace
+        return
     assert len(set(sandbox.uids)) == sandbox.workers and min(sandbox.uids) > 65535
     uids = {sandbox.run("import os\nimport time\ntime.sleep(0.2)\nprint(os.getuid())").stdout
             for _ in range(2)}
@@ -224,7 +275,7 @@ def test_host_deadline_kills_a_frozen_worker(sandbox: PythonSandbox) -> None:
     grace = sandbox.host_grace_s
     sandbox.host_grace_s = 0.5
     try:
-        results = sandbox.run_many(["print(1)"] * 2, timeout_s=0.5)
+        results = [sandbox.run("print(1)", timeout_s=0.5) for _ in range(2)]  # one per worker
     finally:
         sandbox.host_grace_s = grace
     assert [r.status for r in results] == ["timeout", "timeout"]
@@ -233,4 +284,4 @@ def test_host_deadline_kills_a_frozen_worker(sandbox: PythonSandbox) -> None:
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
     assert sandbox.run("print(2)").stdout == "2\n"
-    assert processes_of(sandbox.uids) == []
+    assert processes_of(sandbox.uids) == [] and leftovers(sandbox) == []

@@ -3,8 +3,10 @@
 A deduction/abduction task is valid when its program passes the static checks
 (`programs.check_program`), its input is a literal argument list, `f(input)` runs within the
 runner's limits, the result's canonical repr round-trips through `ast.literal_eval`, and two
-runs in two separate sandbox executions (fresh processes) print the same repr. The gold output
-`outputs[0]` is that repr.
+runs in two separate sandbox executions (fresh processes, under two different string-hash seeds
+where the runner supports `hash_seeds`, as `PythonSandbox` does) print the same repr, so a result
+that depends on set or dict-of-str iteration order is caught. The gold output `outputs[0]` is
+that repr.
 
 Induction tasks (program from the buffer, inputs + message from the proposer) run the program
 on every distinct literal input; inputs whose call fails or returns a non-literal are dropped,
@@ -16,6 +18,7 @@ All tasks of a batch go through one `runner.run_many` call (two harness runs per
 
 from __future__ import annotations
 
+import inspect
 from collections import Counter
 
 from compassplay.envs.code.pairs import MIN_PAIRS
@@ -32,6 +35,7 @@ from compassplay.records import Task
 
 MAX_OUTPUT_CHARS = 2000
 MAX_INDUCTION_INPUTS = 10
+HASH_SEEDS = (0, 1)  # PYTHONHASHSEED of the first and the second run of every task
 STATUS_REASONS = {"error": "runtime_error", "timeout": "timeout", "memory": "memory",
                   "output_limit": "output_limit", "killed": "killed"}
 
@@ -108,6 +112,19 @@ def _invalid(task: Task, reason: str) -> Task:
     return task.model_copy(update={"valid": False, "invalid_reason": reason})
 
 
+def _run_twice(runner: CodeRunner, codes: list[str], n: int) -> list[ExecResultLike]:
+    """Run both halves of `codes` in one call, each half under its own string-hash seed when the
+    runner accepts `hash_seeds` (other runners: one call, seeds as they come)."""
+    try:
+        seeded = "hash_seeds" in inspect.signature(runner.run_many).parameters
+    except (TypeError, ValueError):
+        seeded = False
+    if not seeded:
+        return runner.run_many(codes)
+    seeds = [HASH_SEEDS[0]] * n + [HASH_SEEDS[1]] * (len(codes) - n)
+    return runner.run_many(codes, hash_seeds=seeds)  # type: ignore[call-arg]
+
+
 def validate_tasks(tasks: list[Task], runner: CodeRunner, banned: list[str],
                    counters: Counter | None = None) -> list[Task]:
     """Validated copies of `tasks` (same order). Tasks that already carry an invalid_reason
@@ -125,8 +142,8 @@ def validate_tasks(tasks: list[Task], runner: CodeRunner, banned: list[str],
             plans.append((i, inputs))
     codes = [harness(tasks[i].program, inputs, perturb=pad) for pad in (0, 1500)
              for i, inputs in plans]
-    results = runner.run_many(codes) if codes else []
     n = len(plans)
+    results = _run_twice(runner, codes, n) if codes else []
     for j, (i, inputs) in enumerate(plans):
         out[i] = _judge(tasks[i], inputs, results[j], results[n + j])
     final = [t for t in out if t is not None]
