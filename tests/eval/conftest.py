@@ -10,10 +10,10 @@ import os
 from pathlib import Path
 
 import pytest
-from tests.envs.code.conftest import make_runner
 
 from compassplay.eval.grader import Grader
 from compassplay.eval.math_grading import MathGrader
+from tests.envs.code.conftest import make_runner
 
 SHARED = Path(os.environ.get("COMPASSPLAY_DATA_DIR")
               or Path(__file__).resolve().parents[3] / "shared" / "data")

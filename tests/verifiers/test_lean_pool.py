@@ -55,6 +55,8 @@ def test_hang_times_out_kills_and_restarts(pool: LeanPool) -> None:
     assert v.status == "timeout" and not v.accepted and time.monotonic() - t0 < 3
     assert len(pool.pids()) == 1 and set(pool.pids()) < before  # the hung group is gone
     assert all(v.accepted for v in pool.check_many([OK, OK, OK]))
+    # two concurrent checks need both processes: the killed one is restarted for them
+    assert all(v.accepted for v in pool.check_many([f"FAKE_SLOW:0.3 {OK}"] * 2))
     s = pool.stats()
     assert s["restarts"] == 1 and s["counts"]["timeout"] == 1 and s["live_processes"] == 2
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from compassplay.tasks.code.validity import validate_tasks
 
 from compassplay.config import TaskSection
 from compassplay.records import Task
-from compassplay.tasks.code.validity import validate_tasks
 from compassplay.verifiers.python_sandbox import PythonSandbox
 
 WORDS = ["apple", "banana", "cherry", "date", "elder", "fig", "grape", "kiwi"]
