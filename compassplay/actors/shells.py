@@ -20,10 +20,10 @@ import ray
 
 from compassplay.config import RunConfig
 from compassplay.step.graph import StageCall, run_stage
-from compassplay.workers.generators import ProposerWorker, SolverWorker
-from compassplay.workers.learner import LearnerWorker
-from compassplay.workers.scorer import ScorerWorker
-from compassplay.workers.verifier import VerifierWorker
+from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
+from compassplay.workers.learner_worker import LearnerWorker
+from compassplay.workers.scorer_worker import ScorerWorker
+from compassplay.workers.verifier_worker import VerifierWorker
 
 
 class _Shell:

@@ -19,15 +19,15 @@ from compassplay.records import StepStats
 from compassplay.run.runlog import RunLog
 from compassplay.step.graph import Role, StageCall, run_stage, submit_step
 from compassplay.sync.version_gate import VersionGate
-from compassplay.workers.generators import ProposerWorker, SolverWorker
-from compassplay.workers.learner import (
+from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
+from compassplay.workers.learner_worker import (
     LearnerWorker,
     is_checkpoint_step,
     restored_env_state,
     restored_metrics,
 )
-from compassplay.workers.scorer import ScorerWorker
-from compassplay.workers.verifier import VerifierWorker
+from compassplay.workers.scorer_worker import ScorerWorker
+from compassplay.workers.verifier_worker import VerifierWorker
 
 log = logging.getLogger(__name__)
 

@@ -45,7 +45,7 @@ from compassplay.step.graph import Role, StageCall, submit_step
 from compassplay.step.messages import StepResult
 from compassplay.sync.channel import check_weight_sync
 from compassplay.sync.version_gate import VersionGate
-from compassplay.workers.learner import (
+from compassplay.workers.learner_worker import (
     is_checkpoint_step,
     restored_env_state,
     restored_metrics,

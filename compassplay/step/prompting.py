@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from compassplay.config import RunConfig
-from compassplay.envs.base import Environment
+from compassplay.envs.interface import Environment
 from compassplay.records import Candidate
 from compassplay.rewards.batch import Example
 from compassplay.rewards.functions import regex_tokenize

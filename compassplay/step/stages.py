@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from compassplay.config import RewardSection, RunConfig
 from compassplay.engines.base import GenerationEngine, SamplingParams
 from compassplay.engines.learner import LearnerStats
-from compassplay.envs.base import Environment
+from compassplay.envs.interface import Environment
 from compassplay.records import Attempt, Candidate, Score, StepStats, Task, Trajectory, Verdict
 from compassplay.rewards.functions import (
     is_eligible,

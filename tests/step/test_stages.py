@@ -15,7 +15,7 @@ from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
 from compassplay.step.prompting import candidate_examples, reference_examples
 from compassplay.step.scoring import merge_shards
 from compassplay.verifiers.python_sandbox import PythonSandbox
-from compassplay.workers.scorer import ScorerWorker
+from compassplay.workers.scorer_worker import ScorerWorker
 
 WRONG = "```output\n'surely not the answer'\n```"
 

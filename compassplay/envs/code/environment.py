@@ -21,7 +21,6 @@ import random
 from collections import Counter
 
 from compassplay.config import TaskSection
-from compassplay.envs.base import Environment
 from compassplay.envs.code import prompts
 from compassplay.envs.code.buffer import Strategy, TaskBuffer
 from compassplay.envs.code.grading import grade_attempts
@@ -41,6 +40,7 @@ from compassplay.envs.code.rewards import (
 from compassplay.envs.code.runner import CodeRunner
 from compassplay.envs.code.seeds import load_seeds
 from compassplay.envs.code.validity import validate_tasks
+from compassplay.envs.interface import Environment
 from compassplay.records import Attempt, Task, Verdict
 
 
