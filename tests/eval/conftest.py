@@ -1,5 +1,5 @@
 """Fixtures for the eval tests: a code runner (the real sandbox; a subprocess runner only when
-the sandbox is unavailable, as in tests/tasks), a math grader, small benchmark files written
+the sandbox is unavailable, as in tests/envs/code), a math grader, small benchmark files written
 into a temp dir, and the optional shared data folder."""
 
 from __future__ import annotations

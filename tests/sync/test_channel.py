@@ -1,6 +1,6 @@
 """learner.weight_sync=nccl: the config check, and NcclChannel over gloo (CPU) or NCCL (2 GPUs).
 
-GPU check (needs >= 2 CUDA devices): pytest tests/test_weight_channel.py -k nccl
+GPU check (needs >= 2 CUDA devices): pytest tests/sync/test_channel.py -k nccl
 """
 
 from __future__ import annotations
