@@ -195,6 +195,8 @@ class LearnerSection(Section):
 class PipelineSection(Section):
     steps: int = Field(2, ge=1)
     staleness: int = Field(0, ge=0, description="0 = synchronous; k = rollout k steps ahead")
+    max_step_retries: int = Field(3, ge=0, description="resubmissions of one failing step "
+                                  "before the run stops with the error (actor faults)")
 
 
 class LoggingSection(Section):

@@ -9,6 +9,7 @@ asked for and what the cluster has free, and turns a constructor failure into on
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +38,13 @@ def describe_cause(exc: BaseException) -> str:
     if isinstance(cause, RayActorError) and not first:
         first = RayActorError.__name__
     return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
+
+
+def failed_call(exc: BaseException) -> str:
+    """The actor call a Ray error came from ('SolverActor.run_stage'): the innermost one of a
+    chain (a task whose input failed names that input's task too), else the error's type."""
+    calls = re.findall(r"ray::([\w.]+)\(\)", re.sub(r"\x1b\[[0-9;]*m", "", str(exc)))
+    return calls[-1] if calls else type(exc).__name__
 
 
 def _free() -> str:

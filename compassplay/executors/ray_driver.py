@@ -35,8 +35,9 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
 
 from compassplay.actors.placement import ActorSet, create_actors, requests
-from compassplay.actors.startup import wait_ready
+from compassplay.actors.startup import describe_cause, failed_call, wait_ready
 from compassplay.config import RunConfig
+from compassplay.errors import RunError
 from compassplay.records import StepStats
 from compassplay.run.interrupt import StopRequest
 from compassplay.run.metrics import RunMetrics
@@ -94,6 +95,7 @@ class Pipeline:
         self.recorded_at: list[float] = []
         self.nccl = cfg.learner.weight_sync == "nccl"
         self.verifier_stats: dict[str, dict] = {}
+        self.failures: dict[int, int] = {}  # step -> failures so far
         self._stats_refs: dict[str, Any] = {}
 
     # ------------------------------------------------------------------------------- weights
@@ -126,7 +128,7 @@ class Pipeline:
     def _init_sync(self) -> None:
         """Learner = rank 0, receivers = ranks 1..N; every member joins at once (collective)."""
         learner, receivers = self.actors.learner, self._receivers()
-        addr, port = call_when_up(learner.sync_address)
+        addr, port = call_when_up(learner.sync_address, poll=self.stop.check)
         world = len(receivers) + 1
         ray.get([learner.init_sync.remote(addr, port, world)]
                 + [r.init_sync.remote(addr, port, rank, world)
@@ -184,18 +186,29 @@ class Pipeline:
         return start
 
     def _recover(self, failed: int, exc: BaseException) -> int:
-        """After a failed step: resubmit from it, or roll back to the latest checkpoint."""
+        """After a failed step: resubmit from it, or roll back to the latest checkpoint.
+        A step that fails `pipeline.max_step_retries` times in a row ends the run with an
+        error naming the call that failed and why."""
         a = self.actors
-        log.warning("step %d failed (%s); recovering", failed, type(exc).__name__)
+        self.failures[failed] = self.failures.get(failed, 0) + 1
+        where = failed_call(exc)
+        if self.failures[failed] > self.cfg.pipeline.max_step_retries:
+            raise RunError(f"step {failed} failed {self.failures[failed]} times; last failure "
+                           f"in {where}: {describe_cause(exc)} (raise pipeline.max_step_retries "
+                           "to keep trying)")
+        log.warning("step %d failed in %s (%s); recovering (attempt %d of %d)", failed, where,
+                    describe_cause(exc), self.failures[failed], self.cfg.pipeline.max_step_retries)
         if self.metrics is not None:
             self.metrics.steps_retried.inc()
-        done = call_when_up(a.learner.steps_done)
-        same_proposer = call_when_up(a.proposer.incarnation) == self.proposer_incarnation
+        done = call_when_up(a.learner.steps_done, poll=self.stop.check)
+        same_proposer = (call_when_up(a.proposer.incarnation, poll=self.stop.check)
+                         == self.proposer_incarnation)
         if done == failed and same_proposer:
             self._reset_weights(failed - 1)
             return failed
         log.warning("learner or proposer restarted: rolling back to the latest checkpoint")
-        restored = call_when_up(a.learner.restore, self._newest_version() + 1)
+        restored = call_when_up(a.learner.restore, self._newest_version() + 1,
+                                poll=self.stop.check)
         start = self._start(restored)
         keep = [i for i, s in enumerate(self.recorded) if s.step < start]
         self.recorded = [self.recorded[i] for i in keep]
@@ -243,15 +256,23 @@ class Pipeline:
         return self.recorded
 
 
-def call_when_up(method, *args, timeout_s: float = 300.0):
-    """`ray.get(method.remote(*args))`, waiting while the actor restarts."""
+def call_when_up(method, *args, timeout_s: float = 300.0,
+                 poll: Callable[[], None] = lambda: None):
+    """`ray.get(method.remote(*args))`, waiting while the actor restarts (at most `timeout_s`);
+    `poll()` runs about once a second (the driver's Ctrl-C check raises from it)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            return ray.get(method.remote(*args))
+            ref = method.remote(*args)
+            while not ray.wait([ref], timeout=1.0)[0]:
+                poll()
+                if time.monotonic() > deadline:
+                    raise RunError(f"{method._method_name}() got no answer in {timeout_s:.0f} s")
+            return ray.get(ref)
         except (ActorUnavailableError, ActorDiedError):
             if time.monotonic() > deadline:
                 raise
+            poll()
             time.sleep(0.5)
 
 
