@@ -72,36 +72,52 @@ def per_sample_grads(model: nn.Module, params: dict[str, nn.Parameter], examples
         yield index, torch.cat([g[n].reshape(len(index), -1) for n in names], dim=1)
 
 
-def local_scores(model: nn.Module, cands: list[Example], refs: list[Example],
-                 ref_of: list[int], params: str | list[str] = "all", pad_id: int = 0,
-                 max_batch_tokens: int = 16384) -> list[LocalScore]:
-    """(cosine, inner, grad_norm) per candidate; candidate i is scored against
-    `refs[ref_of[i]]` (the K references are differentiated once, in one batched pass)."""
+def local_partials(model: nn.Module, cands: list[Example], refs: list[Example],
+                   ref_of: list[int], params: str | list[str] = "all", pad_id: int = 0,
+                   max_batch_tokens: int = 16384
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Additive float64 partials over the scored parameters, each (N,): <g_i, g_ref_k(i)>,
+    |g_i|^2 and |g_ref_k(i)|^2; candidate i is scored against `refs[ref_of[i]]` (the K
+    references are differentiated once, in one batched pass). Partials over disjoint
+    parameter sets add up (parameter-sharded scorers)."""
     if len(ref_of) != len(cands):
         raise ValueError(f"ref_of has {len(ref_of)} entries for {len(cands)} candidates")
-    if not cands:
-        return []
     if any(not 0 <= k < len(refs) for k in ref_of):
         raise ValueError(f"ref_of indexes outside the {len(refs)} references")
+    inner = torch.zeros(len(cands), dtype=torch.float64)
+    sq = torch.zeros(len(cands), dtype=torch.float64)
+    if not cands:
+        return inner, sq, sq.clone()
     chosen = select_params(model, params)
     ref_g = torch.zeros(len(refs), sum(p.numel() for p in chosen.values()), dtype=torch.float64)
     for index, g in per_sample_grads(model, chosen, refs, pad_id, max_batch_tokens):
         ref_g[index] = g.double().cpu()
-    ref_norm = ref_g.norm(dim=1)
-    inner = torch.zeros(len(cands), dtype=torch.float64)
-    sq = torch.zeros(len(cands), dtype=torch.float64)
     k = torch.tensor(ref_of)
     for index, g in per_sample_grads(model, chosen, cands, pad_id, max_batch_tokens):
         g = g.double().cpu()
         ix = torch.tensor(index)
         inner[ix] = (g * ref_g[k[ix]]).sum(1)
         sq[ix] = (g * g).sum(1)
+    return inner, sq, (ref_g * ref_g).sum(1)[k]
+
+
+def finalize_local(inner: list[float], sq: list[float], ref_sq: list[float]
+                   ) -> list[LocalScore]:
+    """(cosine, inner, grad_norm) per candidate from summed partials."""
     out = []
-    for i in range(len(cands)):
-        norm = float(sq[i].sqrt())
-        out.append((safe_cosine(float(inner[i]), norm, float(ref_norm[ref_of[i]])),
-                    float(inner[i]), norm))
+    for a, b, r in zip(inner, sq, ref_sq, strict=True):
+        norm = max(float(b), 0.0) ** 0.5
+        out.append((safe_cosine(float(a), norm, max(float(r), 0.0) ** 0.5), float(a), norm))
     return out
+
+
+def local_scores(model: nn.Module, cands: list[Example], refs: list[Example],
+                 ref_of: list[int], params: str | list[str] = "all", pad_id: int = 0,
+                 max_batch_tokens: int = 16384) -> list[LocalScore]:
+    """(cosine, inner, grad_norm) per candidate against its own reference `refs[ref_of[i]]`."""
+    inner, sq, ref_sq = local_partials(model, cands, refs, ref_of, params, pad_id,
+                                       max_batch_tokens)
+    return finalize_local(inner.tolist(), sq.tolist(), ref_sq.tolist())
 
 
 def group_references(pairs: list[tuple[list[int], list[int]]]) -> tuple[list[Example], list[int]]:
