@@ -102,7 +102,7 @@ def test_local_alignment_exact_and_sharding_agrees(setup):
     assert worst < 1e-5
     for over, n in [(["scorer.shard_mode=param_shard"], 2), (["scorer.shard_mode=replica"], 2)]:
         other = scored(setup, ["reward.kind=cosine", *over], n)[2]
-        for tid, (cos, inner, norm) in alignment.items():
+        for tid, (cos, _, norm) in alignment.items():
             assert other[tid][0] == pytest.approx(cos, abs=1e-6)
             assert other[tid][2] == pytest.approx(norm, rel=1e-6)
 
