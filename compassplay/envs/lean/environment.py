@@ -10,7 +10,8 @@
   invalid with reason 'lean:<status>' (error, timeout, crash, memory, protocol, ...).
 - Solving: n attempts at each valid conjecture and at `solver.seed_tasks_per_step` unsolved
   targets (`sample_buffer`). An attempt is the full theorem with its proof (a bare tactic
-  proof is completed with the statement).
+  proof is completed with the statement). Conjectures and attempts using a word of
+  `statements.BANNED` (axiom, native_decide, ...) are rejected unchecked ('banned_<word>').
 - Grading: accepted by Lean and the statement unchanged (`check_statement_preserved`, in the
   pool: status 'statement_changed').
 - Verified solution: the first accepted proof. Local reference: (solver prompt of the seed,
@@ -31,6 +32,7 @@ from compassplay.envs.lean import prompts
 from compassplay.envs.lean.buffer import LeanBuffer
 from compassplay.envs.lean.statements import (
     alpha_normal,
+    banned_word,
     lean_block,
     parse_statement,
     rename,
@@ -82,6 +84,8 @@ class LeanEnvironment(Environment):
         statement = ""
         if not reason:
             statement, reason = parse_statement(code)
+        if not reason and banned_word(statement):
+            reason = "banned_" + banned_word(statement).lstrip("#").replace(" ", "_")
         if reason:
             self.counters[f"parse:{reason}"] += 1
             return task.model_copy(update={"invalid_reason": f"parse:{reason}"})
@@ -115,6 +119,8 @@ class LeanEnvironment(Environment):
             else:
                 code = f"{task.statement} := {code}" if code.startswith("by") else \
                     f"{task.statement} := by\n{code}"
+        if not reason and banned_word(code):
+            reason = "banned_" + banned_word(code).lstrip("#").replace(" ", "_")
         if reason:
             self.counters[f"attempt:{reason}"] += 1
             return Attempt(task_id=task.task_id, index=index, answer="", parse_error=reason)

@@ -21,6 +21,18 @@ _FENCE = re.compile(r"```[ \t]*(lean4?|)[ \t]*\n(.*?)(?:```|\Z)", re.S)
 _GROUP = re.compile(rf"[(\{{\[⦃]\s*((?:{IDENT}\s+)*{IDENT})\s*:(?!=)")
 _QUANT = re.compile(rf"(?:∀|∃!?|\bfun\b|λ|∑|∏)\s*((?:{IDENT}\s*)+?)\s*(?=[,:]|=>|↦|∈|\bin\b)")
 _DECL_NAME = re.compile(r"^theorem\s+\S+")
+# Commands and attributes that can make Lean accept a false statement, or run code while
+# checking: never allowed in a conjecture or an attempt (status 'banned_<word>').
+BANNED = ("axiom", "admit", "native_decide", "implemented_by", "extern", "unsafe", "opaque",
+          "debug.skipKernelTC", "run_cmd", "run_tac", "elab", "macro", "syntax", "#eval",
+          "local instance", "csimp", "ofReduceBool")
+_BANNED = re.compile("|".join(rf"(?<![\w.]){re.escape(w)}(?![\w])" for w in BANNED))
+
+
+def banned_word(code: str) -> str:
+    """The first banned word in `code` ('' if none; comments are not exempt)."""
+    m = _BANNED.search(code)
+    return m.group(0) if m else ""
 
 
 def lean_block(text: str) -> tuple[str, str]:

@@ -71,7 +71,9 @@ def test_prompts_and_parse(env):
     assert ok.seed_statement.startswith("theorem add_zero'") and not ok.invalid_reason
     for reply, reason in [("no code here", "parse:no_lean_block"), ("```lean\n```", "parse:empty_block"),
                           ("```lean\ndef x := 1\n```", "parse:no_theorem"),
-                          ("```lean\ntheorem t : 1 = 1\n```", "parse:no_assign")]:
+                          ("```lean\ntheorem t : 1 = 1\n```", "parse:no_assign"),
+                          ("```lean\ntheorem t : True axiom f : False theorem u : 1 = 1 := by sorry```",
+                           "parse:banned_axiom")]:
         t = env.parse_proposal("lean_prove", reply, ["target:add_zero"], "p")
         assert t.invalid_reason == reason and not t.valid
     assert "do not change the statement" in env.solver_prompt(ok)
@@ -91,10 +93,14 @@ def test_validate_and_grade(env):
             env.parse_attempt(good, "```lean\n" + good.statement + " := by exact foo\n```", 2),
             env.parse_attempt(good, "```lean\ntheorem " + good.statement.split()[1]
                               + " (n : ℕ) : n = n := by rfl\n```", 3),
-            env.parse_attempt(good, "nothing", 4)]
+            env.parse_attempt(good, "nothing", 4),
+            env.parse_attempt(good, "```lean\naxiom cheat : False\n" + good.statement
+                              + " := by rfl\n```", 5)]
+    assert atts[5].parse_error == "banned_axiom"
     verdicts = env.grade([(good, a) for a in atts])
-    assert [v.correct for v in verdicts] == [True, True, False, False, False]
-    assert [v.status for v in verdicts] == ["ok", "ok", "ok", "statement_changed", "parse_error"]
+    assert [v.correct for v in verdicts] == [True, True, False, False, False, False]
+    assert [v.status for v in verdicts] == ["ok", "ok", "ok", "statement_changed", "parse_error",
+                                            "parse_error"]
     sol = env.verified_solution(good, atts, verdicts)
     assert sol.startswith("```lean\n") and "omega" in sol
     assert env.verified_solution(good, atts[2:], verdicts[2:]) is None
