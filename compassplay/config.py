@@ -71,9 +71,30 @@ class SolverSection(SamplingSection):
     seed_tasks_per_step: int = Field(2, ge=0, description="buffer tasks solved each step")
 
 
+class LeanTaskSection(Section):
+    """The Lean theorem-proving task (compassplay/envs/lean). The REPL command, the pool size
+    (`verifiers.lean.processes`) and its memory limits are in `verifiers.lean`."""
+
+    target_file: str = Field("", description="miniF2F-style jsonl of target statements "
+                             "(name, formal_statement, header, split, ...); required for lean")
+    split: Literal["all", "valid", "test"] = Field("all", description="targets of this split")
+    max_targets: int = Field(0, ge=0, description="keep the first N targets (0 = all)")
+    header: str = Field("", description="Lean header every check runs after; '' = the "
+                        "target file's header (else verifiers.lean.header)")
+    include_proof: bool = Field(True, description="show the seed's proof in the proposer prompt")
+    validate_timeout_s: float = Field(30.0, gt=0.0, le=3600.0,
+                                      description="per-check limit (s) for a conjecture with sorry")
+    grade_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
+                                   description="per-check limit (s) for a solver's proof")
+
+
 class TaskSection(Section):
-    types: list[Literal["deduction", "abduction", "induction"]] = Field(
-        default_factory=lambda: ["deduction"])
+    domain: Literal["code", "lean"] = Field(
+        "code", description="code: AZR coding tasks (Python sandbox); lean: theorem proving "
+        "on a target set (Lean REPL pool, see task.lean)")
+    types: list[Literal["deduction", "abduction", "induction", "lean_prove"]] = Field(
+        default_factory=lambda: ["deduction"], description="task types proposed each step "
+        "(lean: exactly [lean_prove], the default when task.domain=lean)")
     seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set")
     buffer_size: int = Field(4096, ge=1)
     answer_format: Literal["fenced", "think_answer"] = "fenced"
@@ -83,6 +104,23 @@ class TaskSection(Section):
         "pathlib", "importlib", "asyncio", "secrets", "uuid", "tempfile", "pickle"])
     verified_solution: Literal["attempt", "gold"] = "attempt"
     solver_reward: Literal["binary", "azr"] = "binary"
+    lean: LeanTaskSection = Field(default_factory=LeanTaskSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lean_types(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("domain") == "lean" and "types" not in data:
+            data = {**data, "types": ["lean_prove"]}
+        return data
+
+    @model_validator(mode="after")
+    def _types_match_domain(self) -> TaskSection:
+        lean = ["lean_prove"] if self.domain == "lean" else []
+        if (self.domain == "lean") != ("lean_prove" in self.types) or (
+                lean and self.types != lean):
+            raise ValueError(f"task.types {self.types} do not fit task.domain={self.domain} "
+                             "(lean takes exactly [lean_prove], code the coding types)")
+        return self
 
 
 class RewardSection(Section):
@@ -95,6 +133,10 @@ class RewardSection(Section):
     soar_groups: int = Field(4, ge=1, description="soar: candidate groups per step")
     soar_lr: float = Field(1e-3, gt=0.0, description="soar: SGD step size of the inner update")
     soar_inner_steps: int = Field(1, ge=1, description="soar: SGD steps on each group")
+    reference: Literal["global", "local"] = Field(
+        "global", description="gradient kinds' reference: global = the reference set "
+        "(`reference.path`); local = per candidate, the solver's verified solution of the seed "
+        "it was written from (environments that provide one, e.g. lean)")
 
 
 class ReferenceSection(Section):

@@ -42,7 +42,8 @@ class Task(Record):
     deduction: program + inputs[0] -> outputs[0]; abduction: program + outputs[0] -> an input;
     induction: (inputs, outputs) pairs + message -> a program, checked on hidden pairs;
     lean_prove: `statement` is a Lean 4 theorem statement to prove.
-    `seed_program` is the first reference program the proposer was shown (for novelty).
+    `seed_program` is the first reference program the proposer was shown (for novelty);
+    `seed_statement`/`seed_solution` are the Lean seed's statement and verified proof.
     """
 
     task_id: str
@@ -55,6 +56,8 @@ class Task(Record):
     source: Literal["proposed", "seed"] = "proposed"
     seed_ids: list[str] = Field(default_factory=list)
     seed_program: str = ""
+    seed_statement: str = ""
+    seed_solution: str = ""
     proposal: Generation | None = None
     valid: bool = False
     invalid_reason: str = ""
@@ -84,7 +87,9 @@ class Candidate(Record):
     """An eligible task with a verified solution, ready for gradient scoring.
 
     `prompt_ids`/`target_ids` are the solver prompt and the verified solution tokens whose mean
-    token cross-entropy defines the candidate loss.
+    token cross-entropy defines the candidate loss. `ref_prompt_ids`/`ref_target_ids`, when
+    set (reward.reference=local), are the example whose loss gradient is this candidate's own
+    reference: the solver prompt of its seed and the seed's verified solution.
     """
 
     task_id: str
@@ -94,6 +99,8 @@ class Candidate(Record):
     target_ids: list[int]
     novelty_tokens: list[int] = Field(default_factory=list)
     seed_tokens: list[int] = Field(default_factory=list)
+    ref_prompt_ids: list[int] | None = None
+    ref_target_ids: list[int] | None = None
 
 
 class Score(Record):
@@ -131,6 +138,13 @@ class StepStats(Record):
     by_task_type: dict[str, dict[str, float]] = Field(default_factory=dict)
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     step_seconds: float = 0.0
+    # Lean runs only (None otherwise): fraction of targets ever proved; in-band (0<s<1)
+    # conjectures that copy (token Jaccard > 0.8) or rename (alpha-equal) their seed; distinct
+    # reward values among eligible candidates.
+    coverage: float | None = None
+    copy_rate: float | None = None
+    rename_rate: float | None = None
+    eligible_reward_distinct: int | None = None
 
 
 class Trajectory(Record):

@@ -13,7 +13,7 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any
 
-from compassplay.records import Attempt, Task, Verdict
+from compassplay.records import Attempt, Score, Task, Verdict
 
 
 class Environment(ABC):
@@ -64,6 +64,12 @@ class Environment(ABC):
     def novelty_pair(self, task: Task) -> tuple[str, str]:
         """(the task's text, the text of the seed it was written from) for token Jaccard."""
 
+    def local_reference(self, task: Task) -> tuple[str, str] | None:
+        """(solver prompt text, verified solution text) of the seed `task` was written from,
+        whose loss gradient is the task's local reference (reward.reference=local); None when
+        the environment has none for it (the default)."""
+        return None
+
     # ------------------------------------------------------------------- buffer
     @abstractmethod
     def seed_of(self, task_id: str) -> Task | None:
@@ -76,6 +82,17 @@ class Environment(ABC):
     @abstractmethod
     def add_to_buffer(self, tasks: list[Task]) -> int:
         """Add this step's valid proposed tasks; returns how many were new."""
+
+    def record_results(self, tasks: list[Task], attempts: list[Attempt],
+                       verdicts: list[Verdict]) -> dict[str, float]:
+        """After grading (on the buffer's owner): learn from the step's verdicts (Lean: proved
+        targets become seeds). Returns step metrics such as {'coverage': ...}; default {}."""
+        return {}
+
+    def step_metrics(self, tasks: list[Task], rates: dict[str, float],
+                     scores: list[Score]) -> dict[str, float]:
+        """Domain metrics of one step for `StepStats` (Lean: copy_rate, rename_rate); {}."""
+        return {}
 
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:

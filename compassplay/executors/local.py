@@ -92,7 +92,8 @@ class LocalExecutor:
         try:
             for step in range(self.start_step, self.cfg.pipeline.steps):
                 handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
-                                      is_checkpoint_step(self.cfg, step))
+                                      is_checkpoint_step(self.cfg, step),
+                                      self.cfg.task.domain)
                 self.gate.report(step, self.snapshot())
                 result = handles["learn"]
                 self.runlog.write(result.stats)

@@ -137,7 +137,7 @@ class Pipeline:
     # ------------------------------------------------------------------------------- submit
     def _submit(self, step: int) -> InFlight:
         handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
-                              is_checkpoint_step(self.cfg, step))
+                              is_checkpoint_step(self.cfg, step), self.cfg.task.domain)
         self.gate.report(step, self._snapshot())
         return InFlight(step, handles["learn"])
 

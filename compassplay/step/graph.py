@@ -1,8 +1,13 @@
 """The data flow of one self-play step, defined once and run by both executors.
 
     propose(weights) -> validate (every verifier, a slice each) -> update_buffer (proposer)
-    [-> env_state (proposer, checkpoint steps)] -> solve(weights) -> grade (every verifier)
-    -> candidates (scorer 0) -> score(weights) (every scorer shard) -> learn (learner)
+    -> solve(weights) -> grade (every verifier) [-> record_proofs (proposer, lean runs)]
+    [-> env_state (proposer, checkpoint steps)] -> candidates (scorer 0)
+    -> score(weights) (every scorer shard) -> learn (learner)
+
+record_proofs (task.domain=lean only) adds the targets proved this step to the proposer's
+seed buffer; in the Ray pipeline the proposer then takes step k+1's proposals only after step
+k is graded (the seeds of step k+1 include step k's proofs), whatever the staleness.
 
 `STEP` lists the stages: which worker role runs each, which earlier outputs it takes, and
 whether it runs on every worker of its role (a fan-out, returning one part per worker).
@@ -37,18 +42,21 @@ class Stage:
     fan_out: bool = False  # one call per worker of `role`, each on its part
     weights_of: str = ""  # with WEIGHTS among the inputs: whose weights (proposer/solver)
     checkpoint_only: bool = False  # submitted only on checkpoint steps (else its output: None)
+    domain: str = ""  # submitted only for this task.domain ('' = always; else output None)
 
 
 STEP: tuple[Stage, ...] = (
     Stage("propose", "proposer", (WEIGHTS,), weights_of="proposer"),
     Stage("validate", "verifier", ("propose",), fan_out=True),
     Stage("update_buffer", "proposer", ("validate",)),
-    Stage("env_state", "proposer", ("update_buffer",), checkpoint_only=True),
     Stage("solve", "solver", (WEIGHTS, "validate"), weights_of="solver"),
     Stage("grade", "verifier", ("validate", "solve"), fan_out=True),
+    Stage("record_proofs", "proposer", ("validate", "solve", "grade"), domain="lean"),
+    Stage("env_state", "proposer", ("update_buffer", "record_proofs"), checkpoint_only=True),
     Stage("candidates", "scorer", ("validate", "solve", "grade")),
     Stage("score", "scorer", (WEIGHTS, "candidates"), fan_out=True, weights_of="solver"),
-    Stage("learn", "learner", ("propose", "env_state", "validate", "solve", "grade", "score")),
+    Stage("learn", "learner", ("propose", "env_state", "validate", "solve", "grade", "score",
+                               "record_proofs")),
 )
 
 Kind = Literal["one", "parts", "weights"]
@@ -92,12 +100,13 @@ Snapshot = tuple[Any, list]  # (version handle, [state handle]) of one role's we
 
 
 def submit_step(step: int, dispatch: Dispatch, weights: dict[str, Snapshot],
-                checkpoint: bool) -> dict[str, Any]:
+                checkpoint: bool, domain: str = "code") -> dict[str, Any]:
     """Submit every stage of `step` in order; returns the handle(s) of each stage's output
-    (a list for fan-out stages). `weights[role]` is what the version gate allows."""
+    (a list for fan-out stages). `weights[role]` is what the version gate allows; stages of
+    another `task.domain` are skipped (their output is None)."""
     out: dict[str, Any] = {}
     for st in STEP:
-        if st.checkpoint_only and not checkpoint:
+        if (st.checkpoint_only and not checkpoint) or (st.domain and st.domain != domain):
             out[st.name] = None
             continue
         args: list[Any] = []

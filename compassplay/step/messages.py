@@ -108,6 +108,7 @@ class ScoredShard:
     proj: list[list[float]] | None = None
     ref_proj: list[float] | None = None
     utility: dict[str, float] = field(default_factory=dict)
+    local_ref_sq: list[float] | None = None  # reward.reference=local: |g_ref|^2 per candidate
 
 
 @dataclass

@@ -11,6 +11,7 @@ import torch
 
 from compassplay.records import Candidate
 from compassplay.rewards.gradient import Partials, finalize
+from compassplay.rewards.local_reference import finalize_local
 from compassplay.step.messages import ScoredShard
 
 Alignment = dict[str, tuple[float, float, float]]  # task_id -> (cosine, inner, grad_norm)
@@ -25,6 +26,8 @@ def merge_shards(shards: list[ScoredShard], param_shard: bool = False
     """
     if not shards:
         return [], {}
+    if any(s.local_ref_sq is not None for s in shards):
+        return merge_local(shards)
     cands = shards[0].cands
     n = len(cands)
     inner = torch.zeros(n, dtype=torch.float64)
@@ -50,6 +53,23 @@ def merge_shards(shards: list[ScoredShard], param_shard: bool = False
     scores = finalize(Partials(inner, sq, proj), ref_sq, ref_proj)
     return cands, {c.task_id: (r.cosine, r.inner, r.grad_norm)
                    for c, r in zip(cands, scores, strict=True)}
+
+
+def merge_local(shards: list[ScoredShard]) -> tuple[list[Candidate], Alignment]:
+    """Local references (reward.reference=local): each candidate has its own |g_ref|^2; every
+    partial (inner, sq, ref_sq) sums over shards (candidate slices or parameter slices)."""
+    cands = shards[0].cands
+    acc = torch.zeros(3, len(cands), dtype=torch.float64)
+    seen: set[int] = set()
+    for s in shards:
+        if not s.index:
+            continue
+        ix = torch.tensor(s.index)
+        part = torch.tensor([s.inner, s.sq, s.local_ref_sq], dtype=torch.float64)
+        acc.index_add_(1, ix, part)
+        seen.update(s.index)
+    scores = finalize_local(*acc.tolist())
+    return cands, {c.task_id: scores[i] for i, c in enumerate(cands) if i in seen}
 
 
 def merge_utility(shards: list[ScoredShard]) -> dict[str, float]:

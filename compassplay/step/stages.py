@@ -117,7 +117,16 @@ def build_candidates(env: Environment, tokenizer, cfg: RunConfig, tasks: list[Ta
         prefix = prefix_of(env, cfg, "solver", task.task_type)
         if prefix and solution.startswith(prefix):  # a gold rendering includes the opening
             solution = solution[len(prefix):]
-        out.append(Candidate(
+        ref: dict = {}
+        if cfg.reward.reference == "local" and cfg.reward.kind in GRADIENT_KINDS:
+            local = env.local_reference(task)
+            if local is None:  # no seed solution to align with: the task is not scored
+                continue
+            ref_solution = local[1][len(prefix):] if prefix and local[1].startswith(prefix) \
+                else local[1]
+            ref = {"ref_prompt_ids": prompt_ids(tokenizer, local[0], prefix),
+                   "ref_target_ids": target_ids(tokenizer, ref_solution)}
+        out.append(Candidate(**ref,
             task_id=task.task_id, task_type=task.task_type, solve_rate=rates[task.task_id],
             prompt_ids=prompt_ids(tokenizer, env.solver_prompt(task), prefix),
             target_ids=target_ids(tokenizer, solution),
@@ -190,8 +199,12 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: list[Attempt],
               verdicts: list[Verdict], scores: list[Score], stats: LearnerStats,
-              stage_seconds: dict[str, float]) -> StepStats:
-    """The metrics.jsonl line of one step (`rates`: s(x) per solved task)."""
+              stage_seconds: dict[str, float], domain: dict[str, float] | None = None
+              ) -> StepStats:
+    """The metrics.jsonl line of one step (`rates`: s(x) per solved task). `domain`: the
+    environment's metrics (`Environment.step_metrics` plus `record_results`, e.g. Lean's
+    coverage, copy_rate, rename_rate); when given, the distinct reward values among
+    eligible candidates are counted too. Coding runs leave those fields None."""
     proposed_rates = [rates[t.task_id] for t in tasks if t.task_id in rates]
     rewards = [s.reward for s in scores]
     r_mean, r_std = _mean_std(rewards)
@@ -214,7 +227,16 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
         solver_accuracy=(sum(v.correct for v in verdicts) / len(verdicts)) if verdicts else 0.0,
         solve_rates=proposed_rates,
         parse_failures=dict(parse), invalid_reasons=dict(invalid), by_task_type=by_type,
-        stage_seconds=stage_seconds, step_seconds=sum(stage_seconds.values()))
+        stage_seconds=stage_seconds, step_seconds=sum(stage_seconds.values()),
+        **_domain_fields(domain, scores))
+
+
+def _domain_fields(domain: dict[str, float] | None, scores: list[Score]) -> dict:
+    if not domain:
+        return {}
+    out: dict = {k: domain.get(k) for k in ("coverage", "copy_rate", "rename_rate")}
+    out["eligible_reward_distinct"] = len({round(s.reward, 12) for s in scores if s.eligible})
+    return out
 
 
 def samples(step: int, tasks: list[Task], scores: list[Score], max_chars: int = 4000

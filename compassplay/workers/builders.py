@@ -20,9 +20,12 @@ from compassplay.engines.base import GenerationEngine
 from compassplay.engines.factory import make_generation_engine
 from compassplay.engines.hf_generation import HFGenerationEngine
 from compassplay.envs.code import CodeEnvironment, CodeRunner
+from compassplay.envs.interface import Environment
+from compassplay.envs.lean import LeanEnvironment
 from compassplay.rewards.batch import Example
 from compassplay.rewards.reference_set import load_reference
 from compassplay.step.prompting import reference_examples
+from compassplay.verifiers.lean_pool import LeanPool
 from compassplay.verifiers.python_sandbox import PythonSandbox
 
 log = logging.getLogger(__name__)
@@ -41,9 +44,20 @@ def make_sandbox(cfg: VerifierSection) -> PythonSandbox:
                          isolation=cfg.isolation).start()
 
 
-def make_env(cfg: RunConfig, runner: CodeRunner | None) -> CodeEnvironment:
-    """A coding environment; `runner` may be None where nothing is executed (prompting only)."""
-    return CodeEnvironment(cfg.task, runner, seed=cfg.run.seed,
+def make_verifier_backend(cfg: RunConfig) -> PythonSandbox | LeanPool:
+    """What the verifier worker holds, by `task.domain`: a started Python sandbox pool (code)
+    or a started Lean REPL pool (lean, `verifiers.lean`); the caller closes it."""
+    if cfg.task.domain == "lean":
+        return LeanPool.from_config(cfg.verifiers.lean).start()
+    return make_sandbox(cfg.verifiers)
+
+
+def make_env(cfg: RunConfig, backend: CodeRunner | LeanPool | None) -> Environment:
+    """The environment of `task.domain`; `backend` (sandbox runner or LeanPool) may be None
+    where nothing is executed or checked (prompting only)."""
+    if cfg.task.domain == "lean":
+        return LeanEnvironment(cfg, backend)
+    return CodeEnvironment(cfg.task, backend, seed=cfg.run.seed,
                            num_references=cfg.proposer.num_references)
 
 

@@ -11,6 +11,7 @@ from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import (
     AttemptBatch,
+    GradeBatch,
     Proposals,
     Validated,
 )
@@ -69,7 +70,15 @@ class ProposerWorker(_GeneratorWorker):
         """The buffer update, a stage of its own: this step's valid proposed tasks join."""
         return self.env.add_to_buffer([t for p in parts for t in p.tasks if t.valid])
 
-    def env_state(self, call: StageCall, added: int) -> dict:
+    def record_proofs(self, call: StageCall, parts: list[Validated], attempts: AttemptBatch,
+                      grades: list[GradeBatch]) -> dict[str, float]:
+        """After grading (lean runs): proved targets join the buffer; returns the
+        environment's step metrics (coverage)."""
+        solved = Validated.merge(parts).solved
+        graded = GradeBatch.merge(grades, solved)
+        return self.env.record_results(solved, attempts.attempts, graded.verdicts)
+
+    def env_state(self, call: StageCall, added: int, recorded: dict | None = None) -> dict:
         """The environment's checkpoint state (its buffer) after this step's update."""
         return self.env.state_dict()
 

@@ -114,7 +114,7 @@ class LearnerWorker:
 
     def learn(self, call: StageCall, props: Proposals, env_state: dict | None,
               validated: list[Validated], attempts: AttemptBatch, grades: list[GradeBatch],
-              shards: list[ScoredShard]) -> StepResult:
+              shards: list[ScoredShard], recorded: dict | None = None) -> StepResult:
         """Rewards -> trajectories -> one policy update -> the step's metrics (+ checkpoint)."""
         if props.step != self.steps_done:
             raise RuntimeError(f"learner expected step {self.steps_done}, got {props.step}")
@@ -133,8 +133,9 @@ class LearnerWorker:
                    "solve": attempts.seconds, "grade": graded.seconds,
                    "score": max((s.seconds for s in shards), default=0.0),
                    "learn": time.perf_counter() - t0}
+        domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores), **(recorded or {})}
         stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,
-                                 graded.verdicts, scores, lstats, seconds)
+                                 graded.verdicts, scores, lstats, seconds, domain or None)
         self.steps_done += 1
         self.recent.append(stats)
         ckpt = ""

@@ -7,10 +7,11 @@ import time
 
 import torch
 
-from compassplay.config import RunConfig
+from compassplay.config import ConfigError, RunConfig
 from compassplay.models import load_model
 from compassplay.records import Candidate
 from compassplay.rewards.gradient import GradientScorer, Partials
+from compassplay.rewards.local_reference import group_references, local_partials
 from compassplay.rewards.oracle import naive_partials, reference_grads
 from compassplay.rewards.soar import measured_utility, split_groups
 from compassplay.step import stages
@@ -46,10 +47,15 @@ class ScorerWorker(Versioned):
         if cfg.scorer.shard_mode == "param_shard" and num_shards > 1:
             names = [n for n, p in model.named_parameters() if p.requires_grad]
             params = shard_names(names, shard, num_shards)
+        self.local = cfg.reward.reference == "local"
+        if self.local and isinstance(params, dict):
+            raise ConfigError("reward.reference=local scores exactly: scorer.params must be "
+                              "'all' or name globs, not a projection")
+        self.local_params = params
         self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id,
                                      max_batch_tokens=cfg.scorer.max_batch_tokens)
         self.env = make_env(cfg, None)
-        self.reference = make_reference(cfg, self.tok)
+        self.reference = [] if self.local else make_reference(cfg, self.tok)
         self._naive_ref: tuple[int, dict] | None = None
 
     def load_weights(self, weights: Weights, version: int) -> None:
@@ -80,6 +86,8 @@ class ScorerWorker(Versioned):
             index = index[self.shard::self.num_shards]
         if not index or kind not in stages.GRADIENT_KINDS:
             return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0)
+        if self.local:
+            return self._local(cands, index, t0)
         ref = self.scorer.reference
         if ref is None or ref.weight_version != self.scorer.weight_version:
             self.scorer.set_reference(self.reference)
@@ -94,6 +102,19 @@ class ScorerWorker(Versioned):
             time.perf_counter() - t0,
             proj=None if part.proj is None else part.proj.tolist(),
             ref_proj=None if ref.proj is None else ref.proj.tolist())
+
+    def _local(self, cands: list[Candidate], index: list[int], t0: float) -> ScoredShard:
+        """Partials against each candidate's own seed reference (reward.reference=local)."""
+        mine = [cands[i] for i in index]
+        if any(c.ref_prompt_ids is None or c.ref_target_ids is None for c in mine):
+            raise RuntimeError("reward.reference=local: a candidate has no local reference "
+                               "(the environment provides none for its task)")
+        refs, ref_of = group_references([(c.ref_prompt_ids, c.ref_target_ids) for c in mine])
+        inner, sq, ref_sq = local_partials(
+            self.scorer.model, candidate_examples(mine), refs, ref_of, self.local_params,
+            pad_id=self.tok.pad_token_id, max_batch_tokens=self.cfg.scorer.max_batch_tokens)
+        return ScoredShard(cands, index, inner.tolist(), sq.tolist(), 0.0,
+                           time.perf_counter() - t0, local_ref_sq=ref_sq.tolist())
 
     def _naive_partials(self, examples: list) -> Partials:
         """The plain autograd oracle: one backward per candidate (scorer.mode=naive)."""

@@ -1,4 +1,5 @@
-"""The verifier worker: validates proposals and grades attempts on a sandbox pool."""
+"""The verifier worker: validates proposals and grades attempts on a sandbox pool (coding) or a
+Lean REPL pool (lean)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,7 @@ from compassplay.step.messages import (
     Validated,
     part_of,
 )
-from compassplay.workers.builders import (
-    make_env,
-    make_sandbox,
-)
+from compassplay.workers.builders import make_env, make_verifier_backend
 
 
 class VerifierWorker:
@@ -25,8 +23,8 @@ class VerifierWorker:
     verifiers split each call: worker `call.part` of `call.parts` takes one contiguous slice."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        self.sandbox = make_sandbox(cfg.verifiers)
-        self.env = make_env(cfg, self.sandbox)
+        self.backend = make_verifier_backend(cfg)
+        self.env = make_env(cfg, self.backend)
 
     def validate(self, call: StageCall, props: Proposals) -> Validated:
         t0 = time.perf_counter()
@@ -41,7 +39,8 @@ class VerifierWorker:
         return GradeBatch(verdicts, time.perf_counter() - t0)
 
     def stats(self) -> dict:
-        return self.sandbox.stats.snapshot()
+        stats = self.backend.stats
+        return stats() if callable(stats) else stats.snapshot()
 
     def close(self) -> None:
-        self.sandbox.close()
+        self.backend.close()

@@ -8,6 +8,7 @@ JSON objects followed by a blank line, as the real REPL emits them. Rules:
 - A proof (the text after the first `:=`) containing `sorry` reports a sorry and the
   "declaration uses 'sorry'" warning; one containing `decide`, `rfl`, `norm_num`, `simp` or
   `omega` (and no `False` in the statement) is accepted; anything else gets "unsolved goals".
+  A statement naming an identifier `UNKNOWN_...` fails to elaborate ("unknown identifier").
 Magic strings in the cmd: FAKE_HANG (never answers), FAKE_CRASH (exits 134 after a panic
 line on stderr), FAKE_GARBAGE (a non-JSON block), FAKE_HUGE:<bytes> (a message of that size),
 FAKE_OOM (allocates until MemoryError under RLIMIT_AS), FAKE_GROW:<MiB> (keeps that much
@@ -61,7 +62,11 @@ def judge(cmd: str, env: int) -> dict:
         return out
     line = cmd[:m.start()].count("\n") + 1
     statement, _, proof = cmd[m.start():].partition(":=")
-    if "sorry" in proof:
+    unknown = re.search(r"\bUNKNOWN_\w*", statement)
+    if unknown:
+        out["messages"] = [{"severity": "error", "pos": pos(line, 0), "endPos": pos(line, 1),
+                            "data": f"unknown identifier '{unknown.group(0)}'"}]
+    elif "sorry" in proof:
         col = len(cmd[:cmd.index("sorry")].rsplit("\n", 1)[-1])
         out["sorries"] = [{"proofState": 0, "pos": pos(line, col), "endPos": pos(line, col + 5),
                            "goal": "⊢ " + statement.rsplit(":", 1)[-1].strip()}]

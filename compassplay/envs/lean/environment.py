@@ -1,0 +1,223 @@
+"""`LeanEnvironment`: self-play theorem proving on a target set (SGS-style, see the paper).
+
+- Targets: a miniF2F-style jsonl (`targets`). Seeds are the targets the solver has proved
+  (`buffer.LeanBuffer`, the checkpoint state); until one is, the proposer is shown an unsolved
+  target without a proof.
+- Proposal: conditioned on one seed statement (and its proof, `task.lean.include_proof`), the
+  proposer writes a conjecture, a theorem statement in a ```lean block; its theorem is
+  renamed to a unique `conj_<task id>`. Parse failures: 'parse:<reason>'.
+- Validation: Lean elaborates `<conjecture> := by sorry` (status 'sorry'); anything else is
+  invalid with reason 'lean:<status>' (error, timeout, crash, memory, protocol, ...).
+- Solving: n attempts at each valid conjecture and at `solver.seed_tasks_per_step` unsolved
+  targets (`sample_buffer`). An attempt is the full theorem with its proof (a bare tactic
+  proof is completed with the statement). Conjectures and attempts using a word of
+  `statements.BANNED` (axiom, native_decide, ...) are rejected unchecked ('banned_<word>').
+- Grading: accepted by Lean and the statement unchanged (`check_statement_preserved`, in the
+  pool: status 'statement_changed').
+- Verified solution: the first accepted proof. Local reference: (solver prompt of the seed,
+  the seed's proof). Novelty pair: (conjecture, seed) signatures (theorem names dropped).
+- `record_results`: a target's first accepted proof joins the buffer (coverage grows).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from typing import Any
+
+from compassplay.config import RunConfig
+from compassplay.envs.interface import Environment
+from compassplay.envs.lean import prompts
+from compassplay.envs.lean.buffer import LeanBuffer
+from compassplay.envs.lean.statements import (
+    alpha_normal,
+    banned_word,
+    lean_block,
+    parse_statement,
+    rename,
+    signature,
+)
+from compassplay.envs.lean.targets import load_targets
+from compassplay.records import Attempt, Score, Task, Verdict
+from compassplay.rewards.functions import regex_tokenize, token_jaccard
+from compassplay.verifiers.lean_pool import LeanCheck, LeanPool
+
+COPY_JACCARD = 0.8  # an in-band conjecture this close to its seed (token Jaccard) is a copy
+RAN = ("accepted", "error", "sorry")  # statuses of a check that ran (the verdict is Lean's)
+
+
+def conjecture_name(task_id: str) -> str:
+    return "conj_" + re.sub(r"\W", "_", task_id)
+
+
+class LeanEnvironment(Environment):
+    """Prompts, parsing, validation, grading and the seed buffer for Lean proving."""
+
+    def __init__(self, cfg: RunConfig, pool: LeanPool | None) -> None:
+        self.cfg = cfg.task.lean
+        self.pool = pool
+        targets, file_header = load_targets(self.cfg.target_file, self.cfg.split,
+                                            self.cfg.max_targets)
+        self.header = self.cfg.header or file_header or cfg.verifiers.lean.header
+        self.buffer = LeanBuffer(targets)
+        self.counters: Counter = Counter()
+
+    # ----------------------------------------------------------------- proposer
+    def proposer_prompt(self, task_type: str, rng: random.Random) -> tuple[str, list[str]]:
+        seed = self.buffer.sample_seed(rng)
+        if seed is None:
+            seed = self.buffer.sample_unsolved(1, rng)[0]
+        proof = self.buffer.proofs.get(seed.task_id) if self.cfg.include_proof else None
+        return prompts.proposer_prompt(seed.statement, proof), [seed.task_id]
+
+    def response_prefix(self, role: str, task_type: str) -> str:
+        return prompts.FENCE
+
+    def parse_proposal(self, task_type: str, text: str, seed_ids: list[str],
+                       task_id: str) -> Task:
+        seed = self.buffer.targets.get(seed_ids[0]) if seed_ids else None
+        task = Task(task_id=task_id, task_type="lean_prove", seed_ids=list(seed_ids),
+                    seed_statement=seed.statement if seed else "",
+                    seed_solution=self.buffer.proofs.get(seed.task_id, "") if seed else "")
+        code, reason = lean_block(text)
+        statement = ""
+        if not reason:
+            statement, reason = parse_statement(code)
+        if not reason and banned_word(statement):
+            reason = "banned_" + banned_word(statement).lstrip("#").replace(" ", "_")
+        if reason:
+            self.counters[f"parse:{reason}"] += 1
+            return task.model_copy(update={"invalid_reason": f"parse:{reason}"})
+        return task.model_copy(update={"statement": rename(statement, conjecture_name(task_id))})
+
+    def validate(self, tasks: list[Task]) -> list[Task]:
+        """Lean must elaborate each conjecture with `sorry` (one check_many)."""
+        if not tasks:
+            return []
+        checks = [LeanCheck(t.statement + " := by sorry", header=self.header,
+                            timeout_s=self.cfg.validate_timeout_s) for t in tasks]
+        out = []
+        for task, v in zip(tasks, self._pool().check_many(checks), strict=True):
+            ok = v.status == "sorry"
+            if not ok:
+                self.counters[f"invalid:lean:{v.status}"] += 1
+            out.append(task.model_copy(update={
+                "valid": ok, "invalid_reason": "" if ok else f"lean:{v.status}"}))
+        return out
+
+    # ------------------------------------------------------------------- solver
+    def solver_prompt(self, task: Task) -> str:
+        return prompts.solver_prompt(task.statement)
+
+    def parse_attempt(self, task: Task, text: str, index: int) -> Attempt:
+        code, reason = lean_block(text)
+        code = code.strip()
+        if not reason and not re.search(r"\b(theorem|lemma)\b", code):
+            if not code:
+                reason = "empty_block"
+            else:
+                code = f"{task.statement} := {code}" if code.startswith("by") else \
+                    f"{task.statement} := by\n{code}"
+        if not reason and banned_word(code):
+            reason = "banned_" + banned_word(code).lstrip("#").replace(" ", "_")
+        if reason:
+            self.counters[f"attempt:{reason}"] += 1
+            return Attempt(task_id=task.task_id, index=index, answer="", parse_error=reason)
+        return Attempt(task_id=task.task_id, index=index, answer=code)
+
+    def grade(self, pairs: list[tuple[Task, Attempt]]) -> list[Verdict]:
+        """Accepted and statement unchanged; one check_many for every parsed attempt."""
+        verdicts: list[Verdict | None] = [None] * len(pairs)
+        jobs, checks = [], []
+        for i, (task, att) in enumerate(pairs):
+            if att.parse_error:
+                verdicts[i] = Verdict(task_id=task.task_id, index=att.index, correct=False,
+                                      status="parse_error", detail=att.parse_error)
+            elif not task.valid or not task.statement:
+                verdicts[i] = Verdict(task_id=task.task_id, index=att.index, correct=False,
+                                      status="invalid_task", detail=task.invalid_reason)
+            else:
+                jobs.append(i)
+                checks.append(LeanCheck(att.answer, header=self.header, target=task.statement,
+                                        timeout_s=self.cfg.grade_timeout_s))
+        results = self._pool().check_many(checks) if checks else []
+        for i, v in zip(jobs, results, strict=True):
+            task, att = pairs[i]
+            verdicts[i] = Verdict(task_id=task.task_id, index=att.index, correct=v.accepted,
+                                  status="ok" if v.status in RAN else v.status,
+                                  detail="; ".join(v.errors)[:300])
+        return verdicts
+
+    def solver_reward(self, attempt: Attempt, verdict: Verdict) -> float:
+        return 1.0 if verdict.correct else 0.0
+
+    def verified_solution(self, task: Task, attempts: list[Attempt],
+                          verdicts: list[Verdict]) -> str | None:
+        """The first accepted proof, fenced as the solver answers."""
+        for att, ver in zip(attempts, verdicts, strict=True):
+            if ver.correct:
+                return prompts.fenced(att.answer)
+        return None
+
+    def local_reference(self, task: Task) -> tuple[str, str] | None:
+        """(solver prompt of the seed, the seed's verified proof, fenced), or None."""
+        if not task.seed_statement or not task.seed_solution:
+            return None
+        return prompts.solver_prompt(task.seed_statement), prompts.fenced(task.seed_solution)
+
+    def novelty_pair(self, task: Task) -> tuple[str, str]:
+        return signature(task.statement), signature(task.seed_statement)
+
+    # ------------------------------------------------------------------- buffer
+    def seed_of(self, task_id: str) -> Task | None:
+        return self.buffer.targets.get(task_id)
+
+    def sample_buffer(self, k: int, rng: random.Random) -> list[Task]:
+        """k unsolved targets for the solver to attempt this step."""
+        return self.buffer.sample_unsolved(k, rng)
+
+    def add_to_buffer(self, tasks: list[Task]) -> int:
+        """Conjectures do not join the buffer: the seeds are proved targets."""
+        return 0
+
+    def record_results(self, tasks: list[Task], attempts: list[Attempt],
+                       verdicts: list[Verdict]) -> dict[str, float]:
+        """Targets' first accepted proofs join the buffer; {'new_proofs', 'coverage'}."""
+        by_id = {t.task_id: t for t in tasks}
+        new = 0
+        for att, ver in zip(attempts, verdicts, strict=True):
+            task = by_id.get(att.task_id)
+            if ver.correct and task is not None and task.source == "seed":
+                new += self.buffer.record(task.task_id, att.answer)
+        return {"new_proofs": float(new), "coverage": self.buffer.coverage()}
+
+    def step_metrics(self, tasks: list[Task], rates: dict[str, float],
+                     scores: list[Score]) -> dict[str, float]:
+        """copy_rate and rename_rate over this step's in-band conjectures (0 < s < 1)."""
+        band = [t for t in tasks if t.source == "proposed" and t.valid
+                and 0.0 < rates.get(t.task_id, 0.0) < 1.0]
+        copies = renames = 0
+        for t in band:
+            a, b = self.novelty_pair(t)
+            copies += token_jaccard(regex_tokenize(a), regex_tokenize(b)) > COPY_JACCARD
+            renames += bool(t.seed_statement) and alpha_normal(t.statement) == alpha_normal(
+                t.seed_statement)
+        n = len(band)
+        return {"copy_rate": copies / n if n else 0.0, "rename_rate": renames / n if n else 0.0}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"buffer": self.buffer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.buffer.load_state_dict(state["buffer"])
+
+    def pop_counters(self) -> dict[str, int]:
+        out = dict(self.counters)
+        self.counters.clear()
+        return out
+
+    def _pool(self) -> LeanPool:
+        if self.pool is None:
+            raise RuntimeError("this LeanEnvironment has no LeanPool (built for prompting only)")
+        return self.pool
