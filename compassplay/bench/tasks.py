@@ -28,7 +28,7 @@ from typing import Any
 from compassplay.config import TaskSection
 from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code.programs import values_equal
-from compassplay.envs.code.rewards import gold_answer
+from compassplay.envs.code.solver_rewards import gold_answer
 from compassplay.records import Attempt, Task
 
 TYPES = ("deduction", "abduction", "induction")

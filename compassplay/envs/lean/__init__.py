@@ -1,5 +1,5 @@
 """Lean theorem proving on a target set (see `environment`)."""
 
-from compassplay.envs.lean.environment import LeanEnvironment
+from compassplay.envs.lean.lean_env import LeanEnvironment
 
 __all__ = ["LeanEnvironment"]

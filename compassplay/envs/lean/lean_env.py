@@ -28,8 +28,8 @@ from typing import Any
 
 from compassplay.config import RunConfig
 from compassplay.envs.interface import Environment
-from compassplay.envs.lean import prompts
-from compassplay.envs.lean.buffer import LeanBuffer
+from compassplay.envs.lean import lean_prompts as prompts
+from compassplay.envs.lean.lean_buffer import LeanBuffer
 from compassplay.envs.lean.statements import (
     alpha_normal,
     banned_word,

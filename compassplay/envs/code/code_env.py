@@ -21,8 +21,8 @@ import random
 from collections import Counter
 
 from compassplay.config import TaskSection
-from compassplay.envs.code import prompts
-from compassplay.envs.code.buffer import Strategy, TaskBuffer
+from compassplay.envs.code import code_prompts as prompts
+from compassplay.envs.code.code_buffer import Strategy, TaskBuffer
 from compassplay.envs.code.grading import grade_attempts
 from compassplay.envs.code.parsing import (
     CODE_TAGS,
@@ -31,14 +31,14 @@ from compassplay.envs.code.parsing import (
     proposal_section,
     solver_answer,
 )
-from compassplay.envs.code.rewards import (
+from compassplay.envs.code.runner import CodeRunner
+from compassplay.envs.code.seeds import load_seeds
+from compassplay.envs.code.solver_rewards import (
     ANSWER_KIND,
     gold_answer_text,
     solver_reward,
     verified_solution,
 )
-from compassplay.envs.code.runner import CodeRunner
-from compassplay.envs.code.seeds import load_seeds
 from compassplay.envs.code.validity import validate_tasks
 from compassplay.envs.interface import Environment
 from compassplay.records import Attempt, Task, Verdict
