@@ -190,8 +190,9 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: list[Attempt],
               verdicts: list[Verdict], scores: list[Score], stats: LearnerStats,
-              stage_seconds: dict[str, float]) -> StepStats:
-    """The metrics.jsonl line of one step (`rates`: s(x) per solved task)."""
+              cost: dict) -> StepStats:
+    """The metrics.jsonl line of one step (`rates`: s(x) per solved task; `cost`: its timing
+    and cost fields, `step.timing.step_cost`)."""
     proposed_rates = [rates[t.task_id] for t in tasks if t.task_id in rates]
     rewards = [s.reward for s in scores]
     r_mean, r_std = _mean_std(rewards)
@@ -214,7 +215,7 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
         solver_accuracy=(sum(v.correct for v in verdicts) / len(verdicts)) if verdicts else 0.0,
         solve_rates=proposed_rates,
         parse_failures=dict(parse), invalid_reasons=dict(invalid), by_task_type=by_type,
-        stage_seconds=stage_seconds, step_seconds=sum(stage_seconds.values()))
+        **cost)
 
 
 def samples(step: int, tasks: list[Task], scores: list[Score], max_chars: int = 4000
