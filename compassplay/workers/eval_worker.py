@@ -50,8 +50,8 @@ class EvalWorker(Versioned):
         e = cfg.eval
         configure_torch(cfg)
         model, tok = load_model(cfg.model, seed=cfg.run.seed)
-        model.eval()
         self.gpus = role_gpus(cfg, "eval")
+        model = model.eval().to("cuda" if self.gpus else "cpu")  # cluster.eval.num_gpus
         self.engine = HFGenerationEngine(model, tok)
         self.evaluator = Evaluator(model, tok, e.benchmarks, e.data_dir or None,
                                    batch_size=e.batch_size,
