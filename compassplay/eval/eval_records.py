@@ -111,7 +111,8 @@ class EvalMetric(_Record):
     def from_result(cls, r: EvalResult, step: int, version: int = 0) -> EvalMetric:
         if r.accuracy is None:
             raise ValueError(f"{r.benchmark} was skipped ({r.skipped}); nothing to record")
-        return cls(step=step, version=version, benchmark=r.benchmark, accuracy=r.accuracy, n=r.n)
+        return cls(step=step, version=version, benchmark=r.benchmark, accuracy=r.accuracy, n=r.n,
+                   seconds=r.seconds)
 
 
 class CostMetric(_Record):

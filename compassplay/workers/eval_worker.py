@@ -67,8 +67,8 @@ class EvalWorker(Versioned):
         with timed(self.gpus) as t:
             results = self.evaluator.evaluate()
         version = self.weight_version
-        metrics = [EvalMetric.from_result(r, step, version).model_copy(
-                       update={"seconds": r.seconds}) for r in results if r.accuracy is not None]
+        metrics = [EvalMetric.from_result(r, step, version) for r in results
+                   if r.accuracy is not None]
         skipped = {r.benchmark: r.skipped for r in results if r.accuracy is None}
         for name, why in skipped.items():
             log.warning("eval after step %d: %s skipped (%s)", step, name, why)
