@@ -241,6 +241,28 @@ class PipelineSection(Section):
                                   "before the run stops with the error (actor faults)")
 
 
+class EvalSection(Section):
+    """Evaluation during training (compassplay/workers/eval_worker.py): every `every_steps`
+    steps the weights after that step are evaluated on `benchmarks`. Ray executor: on an
+    `EvalActor` of its own (cluster.eval), without stalling training; local executor: in
+    process after the step (blocking). Results: "eval" lines of metrics.jsonl."""
+
+    every_steps: int = Field(0, ge=0, description="evaluate after every k-th step (steps "
+                             "k-1, 2k-1, ...); 0 = off (no eval actor is created)")
+    benchmarks: list[str] = Field(default_factory=lambda: ["cruxeval-o"], min_length=1,
+                                  description="benchmark names (compassplay.eval.benchmarks)")
+    data_dir: str = Field("", description="folder with the benchmark files (as for "
+                          "`compassplay eval --data-dir`); '' = only packaged data (humaneval)")
+    limit: int = Field(0, ge=0, description="first N items per benchmark; 0 = all")
+    batch_size: int = Field(8, ge=1, le=1024, description="prompts per generation batch")
+    max_new_tokens: int = Field(0, ge=0, description="0 = each benchmark's default")
+    max_pending: int = Field(2, ge=1, description="Ray: evaluations queued on the eval actor "
+                             "at most (each pins one weight snapshot); past it a due "
+                             "evaluation is skipped with a warning")
+    final_wait_s: float = Field(600.0, ge=0.0, description="Ray: at the end of the run, "
+                                "seconds to wait for evaluations still running")
+
+
 class LoggingSection(Section):
     prometheus_port: int = Field(0, ge=0, le=65535, description="0 = no HTTP endpoint")
     prometheus_host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 for a "
@@ -256,6 +278,8 @@ class ClusterSection(Section):
     verifier: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.5))
     scorer: ActorResources = Field(default_factory=ActorResources)
     learner: ActorResources = Field(default_factory=ActorResources)
+    eval: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.25),
+                                 description="the eval actor (only with eval.every_steps > 0)")
     num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")
     placement: Literal["none", "pack_scorers_with_learner"] = Field(
         "none", description="pack_scorers_with_learner: one STRICT_PACK placement group")
@@ -276,6 +300,7 @@ class RunConfig(Section):
     scorer: ScorerSection = Field(default_factory=ScorerSection)
     learner: LearnerSection = Field(default_factory=LearnerSection)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
 

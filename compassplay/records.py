@@ -118,7 +118,14 @@ class Score(Record):
 
 
 class StepStats(Record):
-    """One line of metrics.jsonl: what a step did and how long each stage took (seconds)."""
+    """One line of metrics.jsonl: what a step did, when each stage ran and what it cost.
+
+    Timing and cost (see `step.timing`; `TIMING_FIELDS` differ between equal runs): wall
+    seconds, Unix start/end of each stage and of the step, device seconds per role (GPU-seconds
+    = wall x GPUs on GPU roles, else CPU-seconds of the worker process; `device_kind` says
+    which), their sum for the step, and `cumulative_device_seconds`: training's device seconds
+    up to and including this step (evaluation excluded), carried across resume.
+    """
 
     step: int
     weight_version: int
@@ -145,6 +152,21 @@ class StepStats(Record):
     copy_rate: float | None = None
     rename_rate: float | None = None
     eligible_reward_distinct: int | None = None
+    # cost accounting (Unix seconds; device-seconds: GPU where a role has GPUs, else CPU)
+    stage_start: dict[str, float] = Field(default_factory=dict)
+    stage_end: dict[str, float] = Field(default_factory=dict)
+    step_start: float = 0.0
+    step_end: float = 0.0
+    device_seconds: dict[str, float] = Field(default_factory=dict)
+    device_kind: dict[str, str] = Field(default_factory=dict)
+    step_device_seconds: float = 0.0
+    cumulative_device_seconds: float = 0.0
+
+
+# StepStats fields that measure time: they differ between otherwise equal runs
+TIMING_FIELDS = ("stage_seconds", "step_seconds", "stage_start", "stage_end", "step_start",
+                 "step_end", "device_seconds", "step_device_seconds",
+                 "cumulative_device_seconds")
 
 
 class Trajectory(Record):

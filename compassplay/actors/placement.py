@@ -12,6 +12,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from compassplay.actors.shells import (
+    EvalActor,
     LearnerActor,
     ProposerActor,
     ScorerActor,
@@ -37,15 +38,19 @@ class ActorSet:
     scorers: list[Any]
     learner: Any
     placement_groups: list[Any] = field(default_factory=list)
+    evaluator: Any = None  # only with eval.every_steps > 0
 
     def all(self) -> list[Any]:
-        return [self.proposer, self.solver, *self.verifiers, *self.scorers, self.learner]
+        extra = [self.evaluator] if self.evaluator is not None else []
+        return [self.proposer, self.solver, *self.verifiers, *self.scorers, self.learner, *extra]
 
     def named(self) -> dict[str, Any]:
         """Role name (as in the config's cluster section, with an index) -> actor handle."""
         out = {"learner": self.learner, "proposer": self.proposer, "solver": self.solver}
         out.update({f"verifier-{i}": a for i, a in enumerate(self.verifiers)})
         out.update({f"scorer-{i}": a for i, a in enumerate(self.scorers)})
+        if self.evaluator is not None:
+            out["eval"] = self.evaluator
         return out
 
     def shutdown(self) -> None:
@@ -82,6 +87,8 @@ def requests(cfg: RunConfig) -> dict[str, dict[str, float]]:
            "solver": _bundle(c.solver)}
     out.update({f"verifier-{i}": _bundle(c.verifier) for i in range(c.num_verifiers)})
     out.update({f"scorer-{i}": _bundle(c.scorer) for i in range(cfg.scorer.num_scorers)})
+    if cfg.eval.every_steps:
+        out["eval"] = _bundle(c.eval)
     return out
 
 
@@ -102,7 +109,8 @@ def wait_placement_group(pg, timeout_s: float, log_every_s: float = 10.0) -> Non
 
 
 def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
-    """One proposer, one solver, N verifiers, M scorer shards and one learner, named by role."""
+    """One proposer, one solver, N verifiers, M scorer shards and one learner, named by role;
+    an eval actor when `eval.every_steps` > 0."""
     c, run = cfg.cluster, cfg.run.name
     n = cfg.scorer.num_scorers
     pgs = []
@@ -124,4 +132,8 @@ def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
     verifiers = [VerifierActor.options(**actor_options(
         c.verifier, f"{run}:verifier-{i}", RETRY_FOREVER)).remote(cfg)
         for i in range(c.num_verifiers)]
-    return ActorSet(proposer, solver, verifiers, scorers, learner, pgs)
+    evaluator = None
+    if cfg.eval.every_steps:  # evaluate() is idempotent: retried on a restarted actor
+        evaluator = EvalActor.options(**actor_options(
+            c.eval, f"{run}:eval", RETRY_FOREVER)).remote(cfg)
+    return ActorSet(proposer, solver, verifiers, scorers, learner, pgs, evaluator)

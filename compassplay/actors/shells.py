@@ -19,7 +19,8 @@ from typing import Any
 import ray
 
 from compassplay.config import RunConfig
-from compassplay.step.graph import StageCall, run_stage
+from compassplay.step.graph import StageCall, WeightsOffer, run_stage
+from compassplay.workers.eval_worker import EvalReport, EvalWorker
 from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
 from compassplay.workers.learner_worker import LearnerWorker
 from compassplay.workers.scorer_worker import ScorerWorker
@@ -132,3 +133,17 @@ class LearnerActor(_Shell):
 
     def restore(self, min_version: int) -> dict | None:
         return self.role.restore(min_version)
+
+
+@ray.remote
+class EvalActor(_Shell):
+    """Evaluation during training (eval.every_steps > 0) on its own copy of the weights."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        self._build(lambda: EvalWorker(cfg))
+
+    def evaluate(self, step: int, version: int, box: list) -> EvalReport:
+        """Evaluate the weights of `version` (Ray resolves it) after `step`; the state stays a
+        reference in `box` until the worker finds the version newer than the one it holds."""
+        return self.role.evaluate(step, WeightsOffer(int(version),
+                                                     lambda: ray.get(box[0]) if box else None))

@@ -2,12 +2,15 @@
 
 metrics.jsonl (one JSON object per line, see `compassplay.run.runlog`) holds three kinds of line:
 
-* step lines: `StepStats` (no "kind" key, or "kind": "step"). A step line may carry the cost
+* step lines: `StepStats` (no "kind" key, or "kind": "step"). A step line carries the cost
   field `cumulative_device_seconds` (device seconds spent by training up to and including the
-  step, all devices summed, evaluation excluded) and, for Lean runs, `coverage` (cumulative
-  fraction of targets solved) and `copy_rate` (fraction of in-band conjectures whose
-  token-Jaccard to their seed exceeds 0.8).
-* eval lines: `EvalMetric`, {"kind": "eval", "step", "version", "benchmark", "accuracy", "n"}.
+  step, all devices summed, evaluation excluded; GPU-seconds on GPU roles, CPU-seconds
+  otherwise), the per-step timing/cost fields of `compassplay.records.StepStats`, and, for
+  Lean runs, `coverage` (cumulative fraction of targets solved) and `copy_rate` (fraction of
+  in-band conjectures whose token-Jaccard to their seed exceeds 0.8).
+* eval lines: `EvalMetric`, {"kind": "eval", "step", "version", "benchmark", "accuracy", "n",
+  "seconds"}: the weights after `step` (weight version `version`) evaluated during training
+  (`compassplay.workers.eval_worker`); `seconds`: wall seconds of that benchmark's evaluation.
 * cost lines: `CostMetric`, {"kind": "cost", "step", "cumulative_device_seconds"}, for writers
   that account cost apart from the step line.
 
@@ -102,12 +105,14 @@ class EvalMetric(_Record):
     benchmark: str
     accuracy: float
     n: int = 0
+    seconds: float = 0.0
 
     @classmethod
     def from_result(cls, r: EvalResult, step: int, version: int = 0) -> EvalMetric:
         if r.accuracy is None:
             raise ValueError(f"{r.benchmark} was skipped ({r.skipped}); nothing to record")
-        return cls(step=step, version=version, benchmark=r.benchmark, accuracy=r.accuracy, n=r.n)
+        return cls(step=step, version=version, benchmark=r.benchmark, accuracy=r.accuracy, n=r.n,
+                   seconds=r.seconds)
 
 
 class CostMetric(_Record):

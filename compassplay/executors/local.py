@@ -5,6 +5,10 @@ same `step.graph.submit_step`, with a `Dispatch` that calls workers directly. Ea
 keeps its own copy of the weights and is offered the learner's snapshots through the same
 `VersionGate`, so equal seeds give equal metrics in both executors, staleness included (a
 rollout uses the weights after learn(k - staleness - 1); here nothing overlaps in time).
+
+With `eval.every_steps` > 0 the weights after every k-th step are evaluated in process right
+after that step, which blocks training meanwhile (the Ray executor evaluates on an actor of
+its own and does not wait); the results are "eval" lines of metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -17,8 +21,9 @@ from typing import Any
 from compassplay.config import RunConfig
 from compassplay.records import StepStats
 from compassplay.run.runlog import RunLog
-from compassplay.step.graph import Role, StageCall, run_stage, submit_step
+from compassplay.step.graph import Role, StageCall, WeightsOffer, run_stage, submit_step
 from compassplay.sync.version_gate import VersionGate
+from compassplay.workers.eval_worker import EvalReport, EvalWorker, eval_due
 from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
 from compassplay.workers.learner_worker import (
     LearnerWorker,
@@ -57,6 +62,7 @@ class LocalExecutor:
         n = cfg.scorer.num_scorers
         self.scorers = [ScorerWorker(cfg, i, n) for i in range(n)]
         self.solver = SolverWorker(cfg)
+        self.evaluator = EvalWorker(cfg) if cfg.eval.every_steps else None
         self.dispatch = InProcess({"proposer": [self.proposer], "solver": [self.solver],
                                    "verifier": self.verifiers, "scorer": self.scorers,
                                    "learner": [self.learner]})
@@ -94,10 +100,15 @@ class LocalExecutor:
                 handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
                                       is_checkpoint_step(self.cfg, step),
                                       self.cfg.task.domain)
-                self.gate.report(step, self.snapshot())
+                snap = self.snapshot()
+                self.gate.report(step, snap)
                 result = handles["learn"]
                 self.runlog.write(result.stats)
                 self.runlog.write_samples(result.extra.get("samples", []))
+                if self.evaluator is not None and eval_due(self.cfg, step):
+                    version, box = snap["solver"]
+                    self.write_eval(self.evaluator.evaluate(
+                        step, WeightsOffer(version, lambda b=box: b[0])))
                 out.append(result.stats)
                 log.info("step %d: %s", step, brief(result.stats))
                 if progress is not None:
@@ -105,8 +116,21 @@ class LocalExecutor:
         finally:
             for v in self.verifiers:
                 v.close()
+            if self.evaluator is not None:
+                self.evaluator.close()
             self.runlog.close()
         return out
+
+    def write_eval(self, report: EvalReport) -> None:
+        for m in report.metrics:
+            self.runlog.write_line(m)
+        log.info("eval after step %d (v%d, %.1fs): %s", report.step, report.version,
+                 report.timing.seconds, eval_brief(report))
+
+
+def eval_brief(report: EvalReport) -> str:
+    """One log line's worth of an evaluation's accuracies."""
+    return " ".join(f"{m.benchmark}={m.accuracy:.3f}" for m in report.metrics) or "nothing ran"
 
 
 def brief(s: StepStats) -> str:

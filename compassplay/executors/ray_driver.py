@@ -16,6 +16,12 @@ pairs `learner.broadcast()` with `receive(v)` on every receiver, submitted toget
 after `learn(k)`, so each receiver takes version v before its next stage call (staleness then
 acts as 0: a receiver's next rollout waits for the broadcast).
 
+Evaluation during training (`eval.every_steps` = k > 0): after submitting every k-th step the
+driver hands the eval actor the same learner snapshot the gate gets (with nccl sync, an
+object-store snapshot of its own), without waiting. Each recorded step collects the finished
+evaluations (`ray.wait(timeout=0)`) and writes them as "eval" lines with their step and
+version; at the end the driver waits at most `eval.final_wait_s` for those still running.
+
 Faults: verifier and scorer actors restart and Ray retries their in-flight calls (both are
 idempotent). A solver death fails the steps in flight, which are resubmitted. A proposer or
 learner death (they hold the task buffer and the optimizer) rolls back to the latest checkpoint.
@@ -46,6 +52,7 @@ from compassplay.step.graph import Role, StageCall, submit_step
 from compassplay.step.messages import StepResult
 from compassplay.sync.channel import check_weight_sync
 from compassplay.sync.version_gate import VersionGate
+from compassplay.workers.eval_worker import EvalReport, eval_due
 from compassplay.workers.learner_worker import (
     is_checkpoint_step,
     restored_env_state,
@@ -79,6 +86,14 @@ class InFlight:
     result: Any
 
 
+@dataclass
+class PendingEval:
+    """An evaluation submitted to the eval actor: the weights after `step`."""
+
+    step: int
+    ref: Any
+
+
 class Pipeline:
     """Drives the actors of one run; `run()` returns the StepStats it recorded."""
 
@@ -97,6 +112,8 @@ class Pipeline:
         self.verifier_stats: dict[str, dict] = {}
         self.failures: dict[int, int] = {}  # step -> failures so far
         self._stats_refs: dict[str, Any] = {}
+        self.evals: list[PendingEval] = []
+        self.eval_reports: list[EvalReport] = []
 
     # ------------------------------------------------------------------------------- weights
     def _snapshot(self) -> dict[str, tuple[Any, list]]:
@@ -138,8 +155,65 @@ class Pipeline:
     def _submit(self, step: int) -> InFlight:
         handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
                               is_checkpoint_step(self.cfg, step), self.cfg.task.domain)
-        self.gate.report(step, self._snapshot())
+        snap = self._snapshot()
+        self.gate.report(step, snap)
+        if self.actors.evaluator is not None and eval_due(self.cfg, step):
+            self._submit_eval(step, snap["solver"])
         return InFlight(step, handles["learn"])
+
+    # ------------------------------------------------------------------------------- eval
+    def _submit_eval(self, step: int, snap: tuple[Any, list]) -> None:
+        """Hand the eval actor the weights after `step` (does not wait)."""
+        self._collect_evals()
+        if len(self.evals) >= self.cfg.eval.max_pending:
+            log.warning("eval after step %d skipped: %d evaluations still pending "
+                        "(eval.max_pending)", step, len(self.evals))
+            return
+        version, box = snap
+        if self.nccl:  # the eval actor is not in the NCCL group: it takes the object store
+            version, state = self.actors.learner.snapshot.options(num_returns=2).remote("solver")
+            box = [state]
+        self.evals.append(PendingEval(step, self.actors.evaluator.evaluate.remote(step, version,
+                                                                                   box)))
+
+    def _collect_evals(self, timeout: float = 0.0) -> None:
+        """Write the evaluations that finished (waiting at most `timeout` s) of recorded
+        steps, in submission order; the others stay pending."""
+        done = max((s.step for s in self.recorded), default=-1)
+        refs = [e.ref for e in self.evals if e.step <= done]
+        if not refs:
+            return
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout)[0])
+        keep = []
+        for e in self.evals:
+            if e.ref not in ready:
+                keep.append(e)
+                continue
+            try:
+                report = ray.get(e.ref)
+            except RayError as exc:
+                log.warning("eval after step %d failed: %s", e.step, exc)
+                continue
+            self.eval_reports.append(report)
+            if self.runlog is not None:
+                for m in report.metrics:
+                    self.runlog.write_line(m)
+            log.info("eval after step %d (v%d, %.1fs): %s", report.step, report.version,
+                     report.timing.seconds, " ".join(
+                         f"{m.benchmark}={m.accuracy:.3f}" for m in report.metrics))
+        self.evals = keep
+
+    def _finish_evals(self) -> None:
+        """At the end of the run: wait at most eval.final_wait_s for the evaluations left."""
+        if not self.evals:
+            return
+        wait = self.cfg.eval.final_wait_s
+        log.info("waiting up to %.0f s for %d evaluation(s) still running", wait,
+                 len(self.evals))
+        self._collect_evals(wait)
+        if self.evals:
+            log.warning("evaluations after steps %s unfinished after %.0f s: not recorded",
+                        [e.step for e in self.evals], wait)
 
     # ------------------------------------------------------------------------------- record
     def _record(self, result: StepResult) -> None:
@@ -152,6 +226,7 @@ class Pipeline:
         if self.metrics is not None:
             self.metrics.observe_step(stats)
             self._poll_verifier_stats()
+        self._collect_evals()
         if self.progress is not None:
             self.progress(stats)
 
@@ -204,6 +279,7 @@ class Pipeline:
         same_proposer = (call_when_up(a.proposer.incarnation, poll=self.stop.check)
                          == self.proposer_incarnation)
         if done == failed and same_proposer:
+            self.evals = [e for e in self.evals if e.step < failed]
             self._reset_weights(failed - 1)
             return failed
         log.warning("learner or proposer restarted: rolling back to the latest checkpoint")
@@ -213,6 +289,7 @@ class Pipeline:
         keep = [i for i, s in enumerate(self.recorded) if s.step < start]
         self.recorded = [self.recorded[i] for i in keep]
         self.recorded_at = [self.recorded_at[i] for i in keep]
+        self.evals = [e for e in self.evals if e.step < start]
         return start
 
     def _newest_version(self) -> int:
@@ -253,6 +330,7 @@ class Pipeline:
                 step = self._recover(oldest.step, exc)
                 continue
             self._record(result)
+        self._finish_evals()
         return self.recorded
 
 
@@ -290,7 +368,8 @@ def init_ray(cfg: RunConfig) -> bool:
         return False
     c = cfg.cluster
     need = (c.proposer.num_cpus + c.solver.num_cpus + c.verifier.num_cpus * c.num_verifiers
-            + c.scorer.num_cpus * cfg.scorer.num_scorers + c.learner.num_cpus)
+            + c.scorer.num_cpus * cfg.scorer.num_scorers + c.learner.num_cpus
+            + (c.eval.num_cpus if cfg.eval.every_steps else 0.0))
     ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
              log_to_driver=True)
     return True

@@ -1,6 +1,8 @@
-"""A run's files: resolved config, metrics.jsonl (one StepStats per line), and the text log.
+"""A run's files: resolved config, metrics.jsonl, samples.jsonl and the text log.
 
-metrics.jsonl is the source of truth for plots; each line is one JSON object.
+metrics.jsonl is the source of truth for plots; each line is one JSON object: a step line
+(StepStats, no "kind" key) or another kind of line with a "kind" and a "step" (evaluation
+results during training, see `compassplay.eval.eval_records`).
 """
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+
+from pydantic import BaseModel
 
 from compassplay.config import RunConfig, dump_config
 from compassplay.records import StepStats
@@ -40,6 +44,11 @@ class RunLog:
         with self.metrics_path.open("a") as f:
             f.write(stats.model_dump_json() + "\n")
 
+    def write_line(self, row: BaseModel) -> None:
+        """Append a line of another kind (it has "kind" and "step"), e.g. an eval result."""
+        with self.metrics_path.open("a") as f:
+            f.write(row.model_dump_json() + "\n")
+
     def write_samples(self, rows: list[dict]) -> None:
         """Append the proposals of a step (text, validity, reward) for people to read."""
         with (self.run_dir / SAMPLES_FILE).open("a") as f:
@@ -47,21 +56,39 @@ class RunLog:
                 f.write(json.dumps(row) + "\n")
 
     def rewind(self, keep: int, recent: list[StepStats]) -> None:
-        """Keep the first `keep` metric lines, then append `recent` (restore from a checkpoint:
-        steps after it are dropped, steps it remembers are rewritten)."""
-        lines = self.metrics_path.read_text().splitlines(keepends=True)[:keep]
-        lines += [s.model_dump_json() + "\n" for s in recent]
-        self.metrics_path.write_text("".join(lines))
+        """Keep the first `keep` step lines, then `recent` in place of the step lines after
+        them (restore from a checkpoint: steps after it are dropped, steps it remembers are
+        rewritten). Lines of other kinds stay where they are unless their step is past the
+        checkpoint (`keep + len(recent) - 1`)."""
+        last = keep + len(recent) - 1
+        out, steps = [], 0
+        for line in self.metrics_path.read_text().splitlines(keepends=True):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if "kind" in row and row["kind"] != "step":
+                if int(row.get("step", 0)) <= last:
+                    out.append(line)
+                continue
+            if steps < keep:
+                out.append(line)
+            elif steps - keep < len(recent):
+                out.append(recent[steps - keep].model_dump_json() + "\n")
+            steps += 1
+        out += [s.model_dump_json() + "\n" for s in recent[max(0, steps - keep):]]
+        self.metrics_path.write_text("".join(out))
 
     def close(self) -> None:
         logging.getLogger("compassplay").removeHandler(self._handler)
         self._handler.close()
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """All metric lines of a metrics.jsonl as dicts (for plots and tests)."""
+def read_metrics(path: str | Path, kind: str | None = "step") -> list[dict]:
+    """The lines of a metrics.jsonl of one kind ("step", "eval"; None: all) as dicts."""
     out = []
     for line in Path(path).read_text().splitlines():
         if line.strip():
-            out.append(json.loads(line))
+            row = json.loads(line)
+            if kind is None or row.get("kind", "step") == kind:
+                out.append(row)
     return out

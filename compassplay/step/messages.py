@@ -1,4 +1,4 @@
-"""The messages the stages of one step pass each other (each carries the seconds it took).
+"""The messages the stages of one step pass each other (each carries its `Timing`).
 
 A stage that runs on several workers at once (validate and grade on every verifier, score on
 every scorer shard) returns one part per worker; `Validated.merge` and `GradeBatch.merge` put
@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from compassplay.records import Attempt, Candidate, StepStats, Task, Verdict
+from compassplay.step.timing import Timing
 
 T = TypeVar("T")
 
@@ -30,7 +31,7 @@ class Proposals:
     step: int
     tasks: list[Task]
     seed_tasks: list[Task]
-    seconds: float
+    timing: Timing
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Validated:
     step: int
     tasks: list[Task]
     seed_tasks: list[Task]
-    seconds: float
+    timing: Timing
 
     @property
     def solved(self) -> list[Task]:
@@ -49,9 +50,9 @@ class Validated:
 
     @staticmethod
     def merge(parts: list[Validated]) -> Validated:
-        """The slices of all verifiers, in part order (seconds: the slowest part)."""
+        """The slices of all verifiers, in part order (timing: their span, summed costs)."""
         return Validated(parts[0].step, [t for p in parts for t in p.tasks], parts[0].seed_tasks,
-                         max(p.seconds for p in parts))
+                         Timing.merge([p.timing for p in parts]))
 
 
 @dataclass
@@ -59,7 +60,7 @@ class AttemptBatch:
     """The solver's attempts: n per solved task, in task order then sample order."""
 
     attempts: list[Attempt]
-    seconds: float
+    timing: Timing
 
 
 @dataclass
@@ -67,13 +68,14 @@ class GradeBatch:
     """Verdicts in attempt order; after `merge`, `rates` holds s(x) per solved task."""
 
     verdicts: list[Verdict]
-    seconds: float
+    timing: Timing
     rates: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def merge(parts: list[GradeBatch], solved: list[Task]) -> GradeBatch:
         verdicts = [v for p in parts for v in p.verdicts]
-        return GradeBatch(verdicts, max(p.seconds for p in parts), solve_rates(solved, verdicts))
+        return GradeBatch(verdicts, Timing.merge([p.timing for p in parts]),
+                          solve_rates(solved, verdicts))
 
 
 def solve_rates(tasks: list[Task], verdicts: list[Verdict]) -> dict[str, float]:
@@ -91,7 +93,7 @@ class Candidates:
     """Eligible proposed tasks (valid, 0 < s < 1, a verified solution) as scorer inputs."""
 
     cands: list[Candidate]
-    seconds: float
+    timing: Timing
 
 
 @dataclass
@@ -104,7 +106,7 @@ class ScoredShard:
     inner: list[float]
     sq: list[float]
     ref_sq: float
-    seconds: float
+    timing: Timing
     proj: list[list[float]] | None = None
     ref_proj: list[float] | None = None
     utility: dict[str, float] = field(default_factory=dict)

@@ -199,12 +199,12 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: list[Attempt],
               verdicts: list[Verdict], scores: list[Score], stats: LearnerStats,
-              stage_seconds: dict[str, float], domain: dict[str, float] | None = None
-              ) -> StepStats:
-    """The metrics.jsonl line of one step (`rates`: s(x) per solved task). `domain`: the
-    environment's metrics (`Environment.step_metrics` plus `record_results`, e.g. Lean's
-    coverage, copy_rate, rename_rate); when given, the distinct reward values among
-    eligible candidates are counted too. Coding runs leave those fields None."""
+              cost: dict, domain: dict[str, float] | None = None) -> StepStats:
+    """The metrics.jsonl line of one step (`rates`: s(x) per solved task; `cost`: its timing
+    and cost fields, `step.timing.step_cost`). `domain`: the environment's metrics
+    (`Environment.step_metrics` plus `record_results`, e.g. Lean's coverage, copy_rate,
+    rename_rate); when given, the distinct reward values among eligible candidates are counted
+    too. Coding runs leave those fields None."""
     proposed_rates = [rates[t.task_id] for t in tasks if t.task_id in rates]
     rewards = [s.reward for s in scores]
     r_mean, r_std = _mean_std(rewards)
@@ -227,8 +227,7 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
         solver_accuracy=(sum(v.correct for v in verdicts) / len(verdicts)) if verdicts else 0.0,
         solve_rates=proposed_rates,
         parse_failures=dict(parse), invalid_reasons=dict(invalid), by_task_type=by_type,
-        stage_seconds=stage_seconds, step_seconds=sum(stage_seconds.values()),
-        **_domain_fields(domain, scores))
+        **cost, **_domain_fields(domain, scores))
 
 
 def _domain_fields(domain: dict[str, float] | None, scores: list[Score]) -> dict:

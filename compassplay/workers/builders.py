@@ -37,6 +37,12 @@ def configure_torch(cfg: RunConfig) -> None:
         torch.set_num_threads(cfg.run.torch_threads)
 
 
+def role_gpus(cfg: RunConfig, role: str) -> float:
+    """GPUs the role's worker runs on (its `cluster.<role>.num_gpus`; 0 without CUDA), for
+    device-second accounting (`step.timing.timed`)."""
+    return getattr(cfg.cluster, role).num_gpus if torch.cuda.is_available() else 0.0
+
+
 def make_sandbox(cfg: VerifierSection) -> PythonSandbox:
     """A started sandbox pool (the caller closes it)."""
     return PythonSandbox(workers=cfg.workers, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb,

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from compassplay.config import RunConfig, SamplingSection
 from compassplay.engines.vllm_generation import VLLMGenerationEngine
 from compassplay.models import load_model
@@ -15,10 +13,12 @@ from compassplay.step.messages import (
     Proposals,
     Validated,
 )
+from compassplay.step.timing import timed
 from compassplay.workers.builders import (
     configure_torch,
     make_env,
     make_generator,
+    role_gpus,
 )
 from compassplay.workers.versioned import Versioned, Weights
 
@@ -26,8 +26,9 @@ from compassplay.workers.versioned import Versioned, Weights
 class _GeneratorWorker(Versioned):
     """A role that samples with its own generation engine (sampling settings: `section`)."""
 
-    def __init__(self, cfg: RunConfig, section: SamplingSection) -> None:
+    def __init__(self, cfg: RunConfig, section: SamplingSection, role: str) -> None:
         self.cfg = cfg
+        self.gpus = role_gpus(cfg, role)
         configure_torch(cfg)
         model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
         self.engine = make_generator(cfg, section, model, self.tok)
@@ -56,15 +57,15 @@ class ProposerWorker(_GeneratorWorker):
     """Writes proposals with its own copy of the weights; owns the environment's task buffer."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg, cfg.proposer)
+        super().__init__(cfg, cfg.proposer, "proposer")
 
     def propose(self, call: StageCall, weights: WeightsOffer) -> Proposals:
         """This step's proposals (every task type, batch_size each) and the buffer tasks the
         solver also attempts."""
         self.accept(weights)
-        t0 = time.perf_counter()
-        out = stages.propose(self.env, self.engine, self.tok, self.cfg, call.step)
-        return Proposals(call.step, out.tasks, out.seed_tasks, time.perf_counter() - t0)
+        with timed(self.gpus) as t:
+            out = stages.propose(self.env, self.engine, self.tok, self.cfg, call.step)
+        return Proposals(call.step, out.tasks, out.seed_tasks, t)
 
     def update_buffer(self, call: StageCall, parts: list[Validated]) -> int:
         """The buffer update, a stage of its own: this step's valid proposed tasks join."""
@@ -93,12 +94,12 @@ class SolverWorker(_GeneratorWorker):
     """Samples n attempts per task with its own copy of the weights."""
 
     def __init__(self, cfg: RunConfig) -> None:
-        super().__init__(cfg, cfg.solver)
+        super().__init__(cfg, cfg.solver, "solver")
 
     def solve(self, call: StageCall, weights: WeightsOffer,
               parts: list[Validated]) -> AttemptBatch:
         self.accept(weights)
-        t0 = time.perf_counter()
-        attempts = stages.solve(self.env, self.engine, self.tok, self.cfg,
-                                Validated.merge(parts).solved, call.step)
-        return AttemptBatch(attempts, time.perf_counter() - t0)
+        with timed(self.gpus) as t:
+            attempts = stages.solve(self.env, self.engine, self.tok, self.cfg,
+                                    Validated.merge(parts).solved, call.step)
+        return AttemptBatch(attempts, t)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 
 import torch
@@ -14,7 +13,7 @@ from compassplay.models import load_model
 from compassplay.records import StepStats
 from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from compassplay.step import stages
-from compassplay.step.graph import StageCall
+from compassplay.step.graph import STEP, StageCall
 from compassplay.step.messages import (
     AttemptBatch,
     GradeBatch,
@@ -24,12 +23,16 @@ from compassplay.step.messages import (
     Validated,
 )
 from compassplay.step.scoring import merge_shards, merge_utility
+from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync.channel import NcclChannel, free_port, node_address, open_channel
 from compassplay.workers.builders import (
     configure_torch,
     make_env,
+    role_gpus,
 )
 from compassplay.workers.versioned import Weights
+
+ROLE_OF = {st.name: st.role for st in STEP}
 
 
 def is_checkpoint_step(cfg: RunConfig, step: int) -> bool:
@@ -63,6 +66,8 @@ class LearnerWorker:
         self.version_offset = 0
         self.recent: list[StepStats] = []
         self.restored_state: dict | None = None
+        self.gpus = role_gpus(cfg, "learner")
+        self.cumulative_device_seconds = 0.0  # training's device seconds so far
         if restore:
             self.restore()
 
@@ -105,9 +110,13 @@ class LearnerWorker:
             self.model.load_state_dict(self._initial)
             self.learner = self._make_learner()
             self.steps_done, self.restored_state = 0, None
+            self.cumulative_device_seconds = 0.0
         else:
             self.restored_state = load_checkpoint(ckpt, self.learner)
             self.steps_done = self.restored_state["step"] + 1
+            recent = self.restored_state.get("recent_stats") or [{}]
+            self.cumulative_device_seconds = float(
+                recent[-1].get("cumulative_device_seconds", 0.0))
         self.version_offset = max(0, min_version - self.learner.weight_version)
         self.recent = []
         return self.restored_state
@@ -126,16 +135,17 @@ class LearnerWorker:
                                        alignment, merge_utility(shards))
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
                                          attempts.attempts, graded.verdicts, scores)
-        t0 = time.perf_counter()
-        lstats = self.learner.step(trajs)
+        with timed(self.gpus) as learn_timing:
+            lstats = self.learner.step(trajs)
         lstats.weight_version = self.weight_version
-        seconds = {"propose": props.seconds, "validate": batch.seconds,
-                   "solve": attempts.seconds, "grade": graded.seconds,
-                   "score": max((s.seconds for s in shards), default=0.0),
-                   "learn": time.perf_counter() - t0}
+        timings = {"propose": props.timing, "validate": batch.timing, "solve": attempts.timing,
+                   "grade": graded.timing, "score": Timing.merge([s.timing for s in shards]),
+                   "learn": learn_timing}
+        cost = step_cost(timings, ROLE_OF, self.cumulative_device_seconds)
+        self.cumulative_device_seconds = cost["cumulative_device_seconds"]
         domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores), **(recorded or {})}
         stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,
-                                 graded.verdicts, scores, lstats, seconds, domain or None)
+                                 graded.verdicts, scores, lstats, cost, domain or None)
         self.steps_done += 1
         self.recent.append(stats)
         ckpt = ""

@@ -3,8 +3,6 @@ partials (or SOAR utilities) for them; `step.scoring.merge_shards` combines the 
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from compassplay.config import ConfigError, RunConfig
@@ -18,7 +16,14 @@ from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import AttemptBatch, Candidates, GradeBatch, ScoredShard, Validated
 from compassplay.step.prompting import candidate_examples
-from compassplay.workers.builders import configure_torch, make_env, make_reference, scorer_params
+from compassplay.step.timing import Timing, timed
+from compassplay.workers.builders import (
+    configure_torch,
+    make_env,
+    make_reference,
+    role_gpus,
+    scorer_params,
+)
 from compassplay.workers.versioned import Versioned, Weights
 
 SCORER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -40,6 +45,7 @@ class ScorerWorker(Versioned):
     def __init__(self, cfg: RunConfig, shard: int = 0, num_shards: int = 1) -> None:
         self.cfg = cfg
         self.shard, self.num_shards = shard, num_shards
+        self.gpus = role_gpus(cfg, "scorer")
         configure_torch(cfg)
         model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
         model = model.to(SCORER_DTYPES[cfg.scorer.dtype])  # scorer.dtype (partials in float64)
@@ -64,30 +70,34 @@ class ScorerWorker(Versioned):
     def candidates(self, call: StageCall, validated: list[Validated], attempts: AttemptBatch,
                    grades: list[GradeBatch]) -> Candidates:
         """The step's eligible candidates, built once (on scorer 0) for every shard."""
-        t0 = time.perf_counter()
-        solved = Validated.merge(validated).solved
-        graded = GradeBatch.merge(grades, solved)
-        cands = stages.build_candidates(self.env, self.tok, self.cfg, solved, attempts.attempts,
-                                        graded.verdicts, graded.rates)
-        return Candidates(cands, time.perf_counter() - t0)
+        with timed(self.gpus) as t:
+            solved = Validated.merge(validated).solved
+            graded = GradeBatch.merge(grades, solved)
+            cands = stages.build_candidates(self.env, self.tok, self.cfg, solved,
+                                            attempts.attempts, graded.verdicts, graded.rates)
+        return Candidates(cands, t)
 
     def score(self, call: StageCall, weights: WeightsOffer, candidates: Candidates) -> ScoredShard:
-        """This shard's partials for the candidates, at the offered weights."""
+        """This shard's partials for the candidates, at the offered weights. Shard 0's timing
+        includes building the candidates (scorer 0 did that), so merged shards count it once."""
         self.accept(weights)
-        t0 = time.perf_counter() - candidates.seconds
-        cands = candidates.cands
+        with timed(self.gpus) as t:
+            shard = self._score(candidates.cands)
+        shard.timing = Timing.merge([candidates.timing, t]) if call.part == 0 else t
+        return shard
+
+    def _score(self, cands: list[Candidate]) -> ScoredShard:
         kind = self.cfg.reward.kind
         if kind == "soar":
             utility = self._soar(cands)
-            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0,
-                               utility=utility)
+            return ScoredShard(cands, [], [], [], 0.0, Timing(), utility=utility)
         index = list(range(len(cands)))
         if self.cfg.scorer.shard_mode == "replica":
             index = index[self.shard::self.num_shards]
         if not index or kind not in stages.GRADIENT_KINDS:
-            return ScoredShard(cands, [], [], [], 0.0, time.perf_counter() - t0)
+            return ScoredShard(cands, [], [], [], 0.0, Timing())
         if self.local:
-            return self._local(cands, index, t0)
+            return self._local(cands, index)
         ref = self.scorer.reference
         if ref is None or ref.weight_version != self.scorer.weight_version:
             self.scorer.set_reference(self.reference)
@@ -98,12 +108,11 @@ class ScorerWorker(Versioned):
         else:
             part = self.scorer.partials(examples)
         return ScoredShard(
-            cands, index, part.inner.tolist(), part.sq.tolist(), float(ref.sq),
-            time.perf_counter() - t0,
+            cands, index, part.inner.tolist(), part.sq.tolist(), float(ref.sq), Timing(),
             proj=None if part.proj is None else part.proj.tolist(),
             ref_proj=None if ref.proj is None else ref.proj.tolist())
 
-    def _local(self, cands: list[Candidate], index: list[int], t0: float) -> ScoredShard:
+    def _local(self, cands: list[Candidate], index: list[int]) -> ScoredShard:
         """Partials against each candidate's own seed reference (reward.reference=local)."""
         mine = [cands[i] for i in index]
         if any(c.ref_prompt_ids is None or c.ref_target_ids is None for c in mine):
@@ -113,8 +122,8 @@ class ScorerWorker(Versioned):
         inner, sq, ref_sq = local_partials(
             self.scorer.model, candidate_examples(mine), refs, ref_of, self.local_params,
             pad_id=self.tok.pad_token_id, max_batch_tokens=self.cfg.scorer.max_batch_tokens)
-        return ScoredShard(cands, index, inner.tolist(), sq.tolist(), 0.0,
-                           time.perf_counter() - t0, local_ref_sq=ref_sq.tolist())
+        return ScoredShard(cands, index, inner.tolist(), sq.tolist(), 0.0, Timing(),
+                           local_ref_sq=ref_sq.tolist())
 
     def _naive_partials(self, examples: list) -> Partials:
         """The plain autograd oracle: one backward per candidate (scorer.mode=naive)."""

@@ -3,8 +3,6 @@ Lean REPL pool (lean)."""
 
 from __future__ import annotations
 
-import time
-
 from compassplay.config import RunConfig
 from compassplay.step import stages
 from compassplay.step.graph import StageCall
@@ -15,7 +13,8 @@ from compassplay.step.messages import (
     Validated,
     part_of,
 )
-from compassplay.workers.builders import make_env, make_verifier_backend
+from compassplay.step.timing import timed
+from compassplay.workers.builders import make_env, make_verifier_backend, role_gpus
 
 
 class VerifierWorker:
@@ -25,18 +24,19 @@ class VerifierWorker:
     def __init__(self, cfg: RunConfig) -> None:
         self.backend = make_verifier_backend(cfg)
         self.env = make_env(cfg, self.backend)
+        self.gpus = role_gpus(cfg, "verifier")
 
     def validate(self, call: StageCall, props: Proposals) -> Validated:
-        t0 = time.perf_counter()
-        tasks = stages.validate(self.env, part_of(props.tasks, call.part, call.parts))
-        return Validated(props.step, tasks, props.seed_tasks, time.perf_counter() - t0)
+        with timed(self.gpus) as t:
+            tasks = stages.validate(self.env, part_of(props.tasks, call.part, call.parts))
+        return Validated(props.step, tasks, props.seed_tasks, t)
 
     def grade(self, call: StageCall, parts: list[Validated],
               attempts: AttemptBatch) -> GradeBatch:
-        t0 = time.perf_counter()
-        mine = part_of(attempts.attempts, call.part, call.parts)
-        verdicts = stages.grade(self.env, Validated.merge(parts).solved, mine)
-        return GradeBatch(verdicts, time.perf_counter() - t0)
+        with timed(self.gpus) as t:
+            mine = part_of(attempts.attempts, call.part, call.parts)
+            verdicts = stages.grade(self.env, Validated.merge(parts).solved, mine)
+        return GradeBatch(verdicts, t)
 
     def stats(self) -> dict:
         stats = self.backend.stats

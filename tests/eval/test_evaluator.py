@@ -70,7 +70,7 @@ def test_scripted_gold_engine_scores_one(data_dir, grader):
     assert crux.n == 3 and crux.items_per_s > 0
     assert EvalMetric.from_result(crux, step=4, version=2).model_dump() == {
         "kind": "eval", "step": 4, "version": 2, "benchmark": "cruxeval-o", "accuracy": 1.0,
-        "n": 3}
+        "n": 3, "seconds": crux.seconds}
 
 
 def test_missing_data_is_skipped_and_the_rest_runs(data_dir, grader, tmp_path):

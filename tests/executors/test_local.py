@@ -10,6 +10,7 @@ import pytest
 
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
+from compassplay.records import TIMING_FIELDS
 
 ROOT = Path(__file__).resolve().parents[2]
 MICRO = ROOT / "compassplay" / "configs" / "micro.yaml"
@@ -62,7 +63,9 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
 
     def strip(d):
-        return {k: v for k, v in d.items() if k not in ("stage_seconds", "step_seconds")}
+        return {k: v for k, v in d.items() if k not in TIMING_FIELDS}
 
     assert [strip(r) for r in rows] == [strip(s.model_dump(mode="json")) for s in full]
     assert sum(r["eligible"] for r in rows[2:]) > 0 and any(r["loss"] != 0 for r in rows[2:])
+    cumulative = [r["cumulative_device_seconds"] for r in rows]  # carried across the resume
+    assert all(a < b for a, b in zip(cumulative, cumulative[1:], strict=False))

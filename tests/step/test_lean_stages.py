@@ -21,6 +21,7 @@ from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
 from compassplay.step.prompting import candidate_examples
 from compassplay.step.scoring import merge_shards
+from compassplay.step.timing import Timing
 from compassplay.verifiers.lean_pool import LeanPool
 from compassplay.workers.scorer_worker import ScorerWorker
 
@@ -73,8 +74,8 @@ def _scored(setup, overrides, num_shards=1):
     _, _, tasks, attempts, verdicts = setup
     cfg = load_config(None, BASE + ["reward.reference=local", *overrides])
     workers = [ScorerWorker(cfg, i, num_shards) for i in range(num_shards)]
-    cands = workers[0].candidates(StageCall("candidates", 0), [Validated(0, tasks, [], 0.0)],
-                                  AttemptBatch(attempts, 0.0), [GradeBatch(verdicts, 0.0)])
+    cands = workers[0].candidates(StageCall("candidates", 0), [Validated(0, tasks, [], Timing())],
+                                  AttemptBatch(attempts, Timing()), [GradeBatch(verdicts, Timing())])
     shards = [w.score(StageCall("score", 0, i, num_shards), WeightsOffer(0, lambda: None), cands)
               for i, w in enumerate(workers)]
     return cfg, cands.cands, merge_shards(shards, cfg.scorer.shard_mode == "param_shard")[1]
@@ -112,7 +113,7 @@ def test_rewards_with_local_references(setup, kind):
     _, env, tasks, _, verdicts = setup
     # cos_novelty scores the same candidates as cosine (the same alignment)
     _, cands, alignment = scored(setup, [f"reward.kind={kind.replace('cos_novelty', 'cosine')}"])
-    rates = GradeBatch.merge([GradeBatch(verdicts, 0.0)], tasks).rates
+    rates = GradeBatch.merge([GradeBatch(verdicts, Timing())], tasks).rates
     bad = Task(task_id="p", task_type="lean_prove", invalid_reason="parse:no_lean_block")
     scores = {s.task_id: s for s in stages.assign_rewards(
         RewardSection(kind=kind, reference="local"), tasks + [bad], rates, cands, alignment)}

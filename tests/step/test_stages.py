@@ -14,6 +14,7 @@ from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
 from compassplay.step.prompting import candidate_examples, reference_examples
 from compassplay.step.scoring import merge_shards
+from compassplay.step.timing import Timing
 from compassplay.verifiers.python_sandbox import PythonSandbox
 from compassplay.workers.scorer_worker import ScorerWorker
 
@@ -54,8 +55,8 @@ def setup():
 
 def _scored_shards(tasks, attempts, verdicts, overrides, num_shards):
     cfg = load_config(None, ["task.types=[deduction]", "reference.max_items=3", *overrides])
-    validated = [Validated(0, tasks, [], 0.0)]
-    att, grades = AttemptBatch(attempts, 0.0), [GradeBatch(verdicts, 0.0)]
+    validated = [Validated(0, tasks, [], Timing())]
+    att, grades = AttemptBatch(attempts, Timing()), [GradeBatch(verdicts, Timing())]
     workers = [ScorerWorker(cfg, i, num_shards) for i in range(num_shards)]
     cands = workers[0].candidates(StageCall("candidates", 0), validated, att, grades)
     shards = [w.score(StageCall("score", 0, i, num_shards), WeightsOffer(0, lambda: None),
@@ -65,7 +66,7 @@ def _scored_shards(tasks, attempts, verdicts, overrides, num_shards):
 
 
 def rates_of(tasks, verdicts):
-    return GradeBatch.merge([GradeBatch(verdicts, 0.0)], tasks).rates
+    return GradeBatch.merge([GradeBatch(verdicts, Timing())], tasks).rates
 
 
 def test_grading_and_eligibility(setup):

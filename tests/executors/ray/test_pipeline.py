@@ -12,6 +12,7 @@ import ray
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
 from compassplay.executors.ray_driver import run_pipeline
+from compassplay.records import TIMING_FIELDS
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -22,12 +23,14 @@ WARM = CONFIGS / "micro_warm.yaml"
 
 
 def metric_rows(path: Path) -> list[dict]:
-    """metrics.jsonl rows without timing fields."""
+    """metrics.jsonl step rows without timing and cost fields (`records.TIMING_FIELDS`)."""
     rows = []
     for line in path.read_text().splitlines():
         d = json.loads(line)
-        d.pop("stage_seconds")
-        d.pop("step_seconds")
+        if d.get("kind", "step") != "step":
+            continue
+        for k in TIMING_FIELDS:
+            d.pop(k)
         rows.append(d)
     return rows
 
