@@ -29,8 +29,11 @@ class ReferenceItem:
 
 
 def load_reference(path: str | Path = "", max_items: int | None = None) -> list[ReferenceItem]:
-    """Read a reference jsonl (`''` = the shipped set); keep the first `max_items` items."""
+    """Read a reference jsonl (`''` = the shipped set, a bare file name = a file shipped in
+    compassplay/data, e.g. `reference_math_paper32.jsonl`); keep the first `max_items` items."""
     p = Path(path) if path else SHIPPED_REFERENCE
+    if not p.is_file() and p.parent == Path(".") and (SHIPPED_REFERENCE.parent / p).is_file():
+        p = SHIPPED_REFERENCE.parent / p
     if not p.is_file():
         raise ReferenceFormatError(f"reference.path: file not found: {p}")
     items: list[ReferenceItem] = []

@@ -240,7 +240,7 @@ def test_paper_configs(path):
     assert cfg.learner.backend == "deepspeed" and cfg.learner.zero_stage == 3
     assert cfg.scorer.num_scorers == 2 and cfg.pipeline.staleness == 1
     assert cfg.pipeline.steps == 200 and cfg.logging.prometheus_port == 9400
-    assert cfg.reference.path == ""
+    assert cfg.reference.path == "reference_math_paper32.jsonl"
     assert cfg.cluster.verifier.resources == {"python_verifier": 1.0}
     for role in ("proposer", "solver", "scorer", "learner"):
         assert getattr(cfg.cluster, role).num_gpus >= 1

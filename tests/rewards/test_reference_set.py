@@ -28,3 +28,11 @@ def test_custom_file_and_errors_name_file_and_line(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ReferenceFormatError, match="empty"):
         load_reference(empty)
+
+
+def test_the_paper_configs_use_the_shipped_32_math_problems():
+    from compassplay.config import load_config
+
+    for name in ("paper_coding_7b", "baseline_difficulty_7b"):
+        items = load_reference(load_config(name).reference.path)
+        assert len(items) == 32 and all("\\boxed" in it.solution for it in items)
