@@ -41,7 +41,8 @@ from pathlib import Path
 import torch
 
 from compassplay.config import TaskSection, TinyModelConfig, VerifierSection
-from compassplay.envs.code import CodeEnvironment, prompts
+from compassplay.envs.code import CodeEnvironment
+from compassplay.envs.code import code_prompts as prompts
 from compassplay.envs.code.programs import check_input, normalize_value, values_equal
 from compassplay.models.loading import load_tiny
 from compassplay.records import Task
