@@ -16,7 +16,6 @@ and learner actors of one run, or several runs) may call it at once:
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from compassplay.errors import RunError
+from compassplay.fileio import fsync_path, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -38,21 +38,13 @@ class CacheError(RunError):
     """A cache entry could not be prepared; the message names the path and the cause."""
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
 def write_manifest(root: Path) -> None:
     """Record size and sha256 of every file under `root`, then fsync (written last)."""
-    entries = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+    entries = {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
                for p in _files(root)}
     path = root / MANIFEST
     with path.open("w") as f:
@@ -79,7 +71,7 @@ def entry_problem(root: Path) -> str | None:
             return f"missing file {rel}"
         if p.stat().st_size != want["bytes"]:
             return f"{rel} has {p.stat().st_size} bytes, manifest says {want['bytes']}"
-        if _sha256(p) != want["sha256"]:
+        if sha256_file(p) != want["sha256"]:
             return f"{rel} does not match its sha256"
     return None
 
@@ -150,13 +142,5 @@ def prepare_cached(cache_dir: Path, name: str, build: Callable[[Path], None],
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        _fsync_dir(cache_dir)
+        fsync_path(cache_dir)
     return out
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

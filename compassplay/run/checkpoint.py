@@ -18,7 +18,6 @@ without a readable COMPLETE manifest. No pickle: everything loads without execut
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -28,24 +27,10 @@ from typing import Any
 
 import torch
 
+from compassplay.fileio import fsync_path, sha256_file
+
 MANIFEST = "COMPLETE"
 _PREFIX = "step_"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def rng_state() -> tuple[dict[str, Any], dict[str, bytes]]:
@@ -103,19 +88,19 @@ def save_checkpoint(run_dir: str | Path, step: int, learner: Any, state: dict[st
         (tmp / name).write_bytes(data)
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
     manifest = {"step": step, "files": {str(p.relative_to(tmp)): {
-        "sha256": _sha256(p), "bytes": p.stat().st_size} for p in files}}
+        "sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files}}
     for p in files:
-        _fsync(p)
+        fsync_path(p)
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-    _fsync(tmp / MANIFEST)
+    fsync_path(tmp / MANIFEST)
     for d in [tmp, *(p for p in tmp.rglob("*") if p.is_dir())]:
-        _fsync(d)
+        fsync_path(d)
     if final.exists():  # re-saving a step: move the old one aside first
         old = root / f".old-{final.name}-{os.getpid()}"
         os.replace(final, old)
         shutil.rmtree(old)
     os.replace(tmp, final)
-    _fsync(root)
+    fsync_path(root)
     prune_checkpoints(run_dir, keep_last)
     return final
 
@@ -171,7 +156,7 @@ def verify_checkpoint(path: str | Path) -> None:
         raise ValueError(f"{path}: no valid {MANIFEST} manifest (incomplete checkpoint)")
     for rel, info in m["files"].items():
         f = path / rel
-        if not f.is_file() or f.stat().st_size != info["bytes"] or _sha256(f) != info["sha256"]:
+        if not f.is_file() or f.stat().st_size != info["bytes"] or sha256_file(f) != info["sha256"]:
             raise ValueError(f"{path}: {rel} is missing or does not match the manifest")
 
 
