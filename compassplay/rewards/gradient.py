@@ -13,6 +13,7 @@ train/eval modes are left exactly as they were.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -99,6 +100,32 @@ class GradientScorer:
             out.setdefault(n, []).append("loop")
         return out
 
+    def cost_report(self) -> dict[str, dict]:
+        """Per module, the cost model's last decision (path and its inputs), for the bench."""
+        return dict(self.engine.decisions)
+
+    def profile(self, cands: list[Example]) -> dict[str, dict[str, float]]:
+        """One timed `partials(cands)`: seconds of the forward, of the backward (its input-
+        gradient half plus the hooks), and per layer kind (last module-name part, e.g.
+        `lm_head`, `q_proj`, `input_layernorm`) of the hooks' own work, with its flops."""
+        ctx = self.engine.ctx
+        ctx.timings, ctx.flops = {}, {}
+        try:
+            t0 = time.perf_counter()
+            self.partials(cands)
+            total = time.perf_counter() - t0
+            t = ctx.timings
+        finally:
+            ctx.timings = None
+        hooks = {k: v for k, v in t.items() if k not in ("forward", "backward")}
+        out = {"total_s": round(total, 3), "forward_s": round(t.get("forward", 0.0), 3),
+               "input_grad_backward_s": round(t.get("backward", 0.0) - sum(hooks.values()), 3),
+               "hooks_s": round(sum(hooks.values()), 3)}
+        per = {k: {"s": round(v, 3), "gflop": round(ctx.flops.get(k, 0) / 1e9, 2),
+                   "gflop_per_s": round(ctx.flops.get(k, 0) / 1e9 / v, 1) if v > 0 else None}
+               for k, v in sorted(hooks.items(), key=lambda kv: -kv[1])}
+        return {"summary": out, "hooks_by_kind": per}
+
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights into the model and mark them as `version`."""
         self.model.load_state_dict(state_dict)
@@ -132,7 +159,7 @@ class GradientScorer:
             proj = sum(self.sketch.project(n, self.params[n], g.unsqueeze(0))[0].double()
                        for n, g in grads.items())
         self.reference = Reference(grads, sq, proj, self.weight_version, n_total)
-        self.engine.ref = grads
+        self.engine.set_reference(grads)
 
     def check_reference(self, allow_stale: bool = False) -> Reference:
         """The current reference; raises if unset, or stale unless `allow_stale`."""
@@ -167,7 +194,7 @@ class GradientScorer:
                 loop = sorted(self.engine.fallback | declined)
                 if loop:
                     params = {k: self.params[k] for k in loop}
-                    ref = {k: self.engine.ref[k] for k in loop}
+                    ref = {k: self.reference.grads[k] for k in loop}
                     self._put(out, idx, *naive_partials(
                         self.model, params, ref, [cands[i] for i in idx], self.sketch))
                     for k in loop:
