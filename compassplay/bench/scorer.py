@@ -8,7 +8,8 @@ All three run in one process on the same tiny random-weight causal LM and the sa
   parameters -- what one training step on the candidates costs, the cost floor of scoring.
 
 Timings are medians over `--reps` rounds; each round runs the three in rotating order (the
-machine may be shared, so rounds alternate). Threads: `torch.set_num_threads(--threads)`, by
+machine may be shared, so rounds alternate); `cpu_s` is the process CPU time of the same calls
+(robust to other processes taking cores, unlike wall time). Threads: `torch.set_num_threads(--threads)`, by
 default all cores torch sees. Memory: in a separate, untimed run under `torch.profiler`
 (profile_memory), the peak of live torch CPU tensor bytes allocated during the call (tensors
 that existed before are not counted; an op's temporaries freed inside the op count only by
@@ -215,18 +216,28 @@ def run(args: argparse.Namespace) -> dict:
 
     fns = {"naive": naive, "batched": batched, "floor": lambda: floor_step(model, cands)}
     # The first (untimed) round warms up; it measures peak memory unless --no-memory.
-    mem = {k: (None if args.no_memory else peak_alloc_mb(fn, dev)) for k, fn in fns.items()}
+    # Naive's peak is one candidate's forward+backward (they run one at a time): measured on
+    # the longest candidate, since the profiler's memory events make the whole loop very slow.
+    longest = max(cands, key=len)
+    mem_fns = {**fns, "naive": lambda: naive_partials(model, scorer.params, rs.grads, [longest])}
+    mem = {k: (None if args.no_memory else peak_alloc_mb(fn, dev)) for k, fn in mem_fns.items()}
+    if args.no_memory:
+        for fn in fns.values():
+            fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}
     keys = list(fns)
     for r in range(reps):
         for k in keys[r % 3:] + keys[: r % 3]:
             _sync(dev)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             last[k] = fns[k]()
             _sync(dev)
             times[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
     med = {k: statistics.median(v) for k, v in times.items()}
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
     full = last["batched"]
     err = max(abs(a - b) for a, b in zip(full, last["naive"], strict=True))
     out = {
@@ -245,6 +256,9 @@ def run(args: argparse.Namespace) -> dict:
         "ratio": round(med["batched"] / med["naive"], 3),
         "floor_ratio": round(med["batched"] / med["floor"], 3),
         "times_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
+        "cpu_s": {k: round(v, 3) for k, v in cmed.items()},
+        "cpu_ratio": round(cmed["batched"] / cmed["naive"], 3),
+        "cpu_floor_ratio": round(cmed["batched"] / cmed["floor"], 3),
         "max_abs_cos_err": err,
         "peak_mem_batched_mb": mem["batched"],
         "peak_mem_floor_mb": mem["floor"],

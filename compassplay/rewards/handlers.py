@@ -29,11 +29,6 @@ try:  # GPT-2's transposed linear layer
 except Exception:  # pragma: no cover - transformers is a dependency
     Conv1D = ()
 
-CACHE_BYTES = 4 << 20
-"""Size of one materialized per-sample gradient block: small enough to stay in cache between
-the GEMM that writes it and the two reductions that read it."""
-
-
 @dataclass
 class HandlerContext:
     """What every handler shares: the selected parameters, what the partials are taken against
@@ -139,7 +134,7 @@ class Handler(ABC):
         if st.calls[id(self)] > 1 or not self.accepts(args, kwargs):
             st.declined.add(self.group)
             return None
-        saved = self.save(st, x)
+        box = [self.save(st, x)]  # released once used: the backward frees activations as it goes
         # Roots (input without grad, e.g. token ids) get the zero leaf added so the backward
         # reaches them; other outputs are reached through the model's input embeddings (+ z).
         out2 = out if x.requires_grad else out + z
@@ -149,7 +144,10 @@ class Handler(ABC):
 
         def hook(b: torch.Tensor) -> None:
             st.pending.discard(id(self))
-            if self.group not in st.declined:
+            saved, box[0] = box[0], None
+            if saved is None:  # a second backward through this output: not ours to handle
+                st.declined.add(self.group)
+            elif self.group not in st.declined:
                 with torch.no_grad(), self.ctx.timed(self.kind):
                     self.backward(st, saved, b.detach())
 
@@ -208,10 +206,8 @@ class LinearHandler(Handler):
         self.ctx.flops[self.kind] = self.ctx.flops.get(self.kind, 0) + cost.flops(path)
         if path == "ghost":
             self._ghost(st, a, b, self.ctx.ref[wname])
-        elif st.dim is not None:
-            self._project(st, a, b, wname)
         else:
-            self._materialize(st, a, b, self.ctx.ref[wname])
+            self._materialize(st, a, b, wname)
 
     def _ghost(self, st: PassState, a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> None:
         t = a.shape[1]
@@ -225,36 +221,11 @@ class LinearHandler(Handler):
             av = ac @ v if self.transposed else ac @ v.t()
             acc.inner[sl] += (av * bc).sum((1, 2)).double()
 
-    def _materialize(self, st: PassState, a: torch.Tensor, b: torch.Tensor,
-                     v: torch.Tensor) -> None:
-        """G_i = left_i^T right_i in cache-sized blocks (whole samples, or row blocks of one
-        sample's G when a single G is larger than the block), reduced against V at once."""
-        left, right = (a, b) if self.transposed else (b, a)  # G rows index left's features
-        rows, cols = left.shape[2], right.shape[2]
-        acc = st.acc_for(self.group, a.device)
-        per = 4 * rows * cols
-        if per <= CACHE_BYTES:
-            step = max(1, min(CACHE_BYTES, self.ctx.chunk_bytes) // per)
-            vf = v.reshape(-1)
-            for s in range(0, st.n, step):
-                sl = slice(s, min(st.n, s + step))
-                g = torch.bmm(left[sl].transpose(1, 2), right[sl]).reshape(-1, rows * cols)
-                acc.inner[sl] += (g @ vf).double()
-                acc.sq[sl] += _rowsq(g)
-            return
-        blk = max(1, CACHE_BYTES // (4 * cols))
-        inner = torch.zeros(st.n, dtype=torch.float64, device=a.device)
-        sq = torch.zeros_like(inner)
-        for i in range(st.n):
-            for r in range(0, rows, blk):
-                g = left[i, :, r:r + blk].t() @ right[i]
-                vb = v[r:r + blk]
-                inner[i] += torch.dot(g.reshape(-1), vb.reshape(-1)).double()
-                sq[i] += torch.dot(g.reshape(-1), g.reshape(-1)).double()
-        acc.inner += inner
-        acc.sq += sq
-
-    def _project(self, st: PassState, a: torch.Tensor, b: torch.Tensor, wname: str) -> None:
+    def _materialize(self, st: PassState, a: torch.Tensor, b: torch.Tensor, wname: str) -> None:
+        """G_i by one batched GEMM per chunk of samples (at least one sample, else at most
+        `chunk_bytes` of G), each chunk reduced against V (or projected) at once. Few large ops
+        on purpose: on a shared CPU every op's thread barrier waits for descheduled threads, so
+        cache-sized blocks (many small GEMMs) measured slower than whole-sample ones."""
         rows, cols = (a.shape[2], b.shape[2]) if self.transposed else (b.shape[2], a.shape[2])
         step = max(1, self.ctx.chunk_bytes // (4 * rows * cols))
         for s in range(0, st.n, step):
