@@ -1,25 +1,35 @@
 """`compassplay bench scorer`: batched gradient scorer vs the naive loop vs the training floor.
 
-All three run in one process on the same tiny random-weight causal LM and the same candidates:
+All three run in one process on the same random-weight causal LM and the same candidates:
 
 * naive: `oracle.naive_partials`, one forward + `autograd.grad` per candidate (batch of one);
 * batched: `GradientScorer.score` (reference set beforehand, not timed);
 * floor: one batched forward + `autograd.grad` of the summed candidate losses w.r.t. all
   parameters -- what one training step on the candidates costs, the cost floor of scoring.
 
+Models: `--shape toy` (a tiny Qwen2, `--hidden/--layers/--vocab`, varied lengths) or a real
+model's architecture and sizes with random init (`smollm2-135m` for CPUs, `qwen2.5-1.5b` and
+`qwen2.5-7b` for GPUs; `--layers` truncates depth for quick runs, the headline is full depth),
+with `--candidates` examples of exactly `--prompt-tokens` + `--target-tokens` tokens.
+
 Timings are medians over `--reps` rounds; each round runs the three in rotating order (the
 machine may be shared, so rounds alternate); `cpu_s` is the process CPU time of the same calls
-(robust to other processes taking cores, unlike wall time). Threads: `torch.set_num_threads(--threads)`, by
-default all cores torch sees. Memory: in a separate, untimed run under `torch.profiler`
-(profile_memory), the peak of live torch CPU tensor bytes allocated during the call (tensors
-that existed before are not counted; an op's temporaries freed inside the op count only by
-their net). CPU torch allocations are invisible to tracemalloc, and RSS deltas mostly measure
-the allocator's caching, hence the profiler.
+(robust to other processes taking cores, unlike wall time). Threads:
+`torch.set_num_threads(--threads)`, by default all cores torch sees. Memory (CPU): in the
+first, untimed round (the warm-up), under `torch.profiler` (profile_memory), the peak of live
+torch tensor bytes allocated during the call (tensors that existed before are not counted; an
+op's temporaries freed inside the op count only by their net); naive's on its longest
+candidate (it scores one at a time). CPU torch allocations are invisible to tracemalloc, and
+RSS deltas mostly measure the allocator's caching, hence the profiler. CUDA: the allocator's
+peak. `cost_model` is the per-layer path decision of the scorer's cost model
+(`rewards/cost.py`); `--profile` adds one timed scoring call split into forward, input-gradient
+backward, and the hooks' work per layer kind with its flops.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -65,9 +75,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="0: torch default")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
+    parser.add_argument("--memory", choices=["profiler", "rss", "none"], default=None,
+                        help="peak memory: profiler (an untimed warm-up round; default toy), "
+                             "rss (peak RSS growth during the timed calls; default real shapes, "
+                             "no extra round) or none")
+    parser.add_argument("--no-memory", action="store_const", const="none", dest="memory",
+                        help="same as --memory none")
     parser.add_argument("--profile", action="store_true",
-                        help="also time the scorer's per-layer-kind work (one extra call)")
+                        help="time the scorer's work per layer kind (in the last timed round)")
     parser.add_argument("--proj-dims", type=int, nargs="*", default=[1024, 8192])
     parser.add_argument("--last-k", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--no-subspaces", action="store_true")
@@ -191,6 +206,25 @@ def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, list[Example], li
     return model, cands, ref
 
 
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak_rss() -> int:
+    """Reset the kernel's peak-RSS mark (Linux) and return the current RSS in bytes."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _rss("VmRSS")
+
+
+def _peak_rss() -> int:
+    return _rss("VmHWM")
+
+
 def _sync(dev: torch.device) -> None:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -215,27 +249,42 @@ def run(args: argparse.Namespace) -> dict:
         return [s.cosine for s in scorer.score(cands)]
 
     fns = {"naive": naive, "batched": batched, "floor": lambda: floor_step(model, cands)}
-    # The first (untimed) round warms up; it measures peak memory unless --no-memory.
-    # Naive's peak is one candidate's forward+backward (they run one at a time): measured on
-    # the longest candidate, since the profiler's memory events make the whole loop very slow.
-    longest = max(cands, key=len)
-    mem_fns = {**fns, "naive": lambda: naive_partials(model, scorer.params, rs.grads, [longest])}
-    mem = {k: (None if args.no_memory else peak_alloc_mb(fn, dev)) for k, fn in mem_fns.items()}
-    if args.no_memory:
-        for fn in fns.values():
-            fn()
+    memory = args.memory or ("profiler" if args.shape == "toy" else "rss")
+    if dev.type == "cuda" and memory == "rss":
+        memory = "profiler"  # i.e. the CUDA allocator's peak, in the warm-up round
+    mem: dict[str, float | None] = {k: None for k in fns}
+    if memory == "profiler":
+        # The first (untimed) round warms up and measures peak memory. Naive's peak is one
+        # candidate's forward+backward (they run one at a time): measured on the longest
+        # candidate, since the profiler's memory events make the whole loop very slow.
+        longest = max(cands, key=len)
+        mem = {**{k: peak_alloc_mb(fn, dev) for k, fn in fns.items() if k != "naive"},
+               "naive": peak_alloc_mb(lambda: naive_partials(
+                   model, scorer.params, rs.grads, [longest]), dev)}
+    else:  # warm up on two candidates
+        few = cands[:2]
+        naive_partials(model, scorer.params, rs.grads, few)
+        scorer.score(few)
+        floor_step(model, few)
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}
+    prof: dict = {}
     keys = list(fns)
     for r in range(reps):
         for k in keys[r % 3:] + keys[: r % 3]:
+            profiled = args.profile and k == "batched" and r == reps - 1
             _sync(dev)
+            base = _reset_peak_rss() if memory == "rss" else 0
             t0, c0 = time.perf_counter(), time.process_time()
-            last[k] = fns[k]()
+            with scorer.profiling() if profiled else contextlib.nullcontext({}) as p:
+                last[k] = fns[k]()
             _sync(dev)
             times[k].append(time.perf_counter() - t0)
             cpu[k].append(time.process_time() - c0)
+            if memory == "rss":
+                mem[k] = max(mem[k] or 0.0, round((_peak_rss() - base) / 2**20, 1))
+            prof = p or prof
     med = {k: statistics.median(v) for k, v in times.items()}
     cmed = {k: statistics.median(v) for k, v in cpu.items()}
     full = last["batched"]
@@ -263,15 +312,19 @@ def run(args: argparse.Namespace) -> dict:
         "peak_mem_batched_mb": mem["batched"],
         "peak_mem_floor_mb": mem["floor"],
         "peak_mem_naive_mb": mem["naive"],
-        "mem_ratio": None if args.no_memory else round(mem["batched"] / mem["floor"], 3),
-        "memory_method": "peak live torch allocations during the call (CPU: torch.profiler "
-                         "memory events; CUDA: max_memory_allocated; excludes tensors that "
-                         "existed before the call)",
+        "mem_ratio": None if mem["floor"] is None else round(mem["batched"] / mem["floor"], 3),
+        "memory_method": {
+            "profiler": "peak live torch allocations during the call (CPU: torch.profiler "
+                        "memory events; CUDA: max_memory_allocated; excludes tensors that "
+                        "existed before the call)",
+            "rss": "peak resident set size during the timed call minus the RSS before it "
+                   "(VmHWM after resetting it; max over rounds; includes allocator caching)",
+            "none": None}[memory],
         "layer_paths": _path_summary(scorer.layer_paths),
         "cost_model": scorer.cost_report(),
     }
     if args.profile:
-        out["profile"] = scorer.profile(cands)
+        out["profile"] = prof
     if not args.no_subspaces:
         out["subspaces"] = _subspaces(model, ref, cands, full, args)
     return out

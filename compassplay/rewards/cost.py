@@ -4,8 +4,7 @@ For a linear layer with input `a` (T, d_in) and output gradient `b` (T, d_out) p
 per-sample weight gradient is `G = b^T a` (d_out, d_in). Both paths need `<G, V>` and `||G||^2`:
 
 * materialize: `G` by one GEMM (2 T d_in d_out flops), then `<G, V>` and `||G||^2` from `G`
-  (4 d_in d_out flops; `G` is written and read back: 12 d_in d_out bytes, from cache when the
-  engine's blocks fit it, plus `V` read: 4 d_in d_out bytes);
+  (4 d_in d_out flops; `G` is written and read back twice, `V` read once: 16 d_in d_out bytes);
 * ghost: `||G||^2 = sum_{t,t'} (a_t.a_t')(b_t.b_t')` from two Gram matrices (2 T^2 (d_in+d_out)
   flops) and `<G, V> = sum_t b_t . (V a_t)` (2 T d_in d_out flops); temporaries are T x T and
   T x d_out, never d_in x d_out.
@@ -21,8 +20,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 FLOPS_PER_BYTE = 1.0
-"""How many flops one byte of memory traffic is worth in the comparison (CPU-ish default;
-per-sample blocks are cache-sized, so the traffic is mostly cache traffic)."""
+"""How many flops one byte of memory traffic is worth in the comparison. 1.0 is conservative
+for CPUs and GPUs alike (both do far more than one flop per byte of DRAM bandwidth; the
+per-sample temporaries are partly cache-resident): it only tips near-ties."""
 
 
 @dataclass(frozen=True)

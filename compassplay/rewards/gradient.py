@@ -13,8 +13,9 @@ train/eval modes are left exactly as they were.
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -104,27 +105,35 @@ class GradientScorer:
         """Per module, the cost model's last decision (path and its inputs), for the bench."""
         return dict(self.engine.decisions)
 
-    def profile(self, cands: list[Example]) -> dict[str, dict[str, float]]:
-        """One timed `partials(cands)`: seconds of the forward, of the backward (its input-
-        gradient half plus the hooks), and per layer kind (last module-name part, e.g.
-        `lm_head`, `q_proj`, `input_layernorm`) of the hooks' own work, with its flops."""
-        ctx = self.engine.ctx
+    @contextlib.contextmanager
+    def profiling(self) -> Iterator[dict]:
+        """Times the scoring calls made inside the block; on exit the yielded dict holds
+        `summary` (seconds of the forward, the input-gradient half of the backward, and the
+        hooks' own work) and `hooks_by_kind` (per layer kind, the last module-name part such as
+        `lm_head`, `q_proj`, `input_layernorm`: seconds, flops and flop rate)."""
+        ctx, out = self.engine.ctx, {}
         ctx.timings, ctx.flops = {}, {}
+        t0 = time.perf_counter()
         try:
-            t0 = time.perf_counter()
-            self.partials(cands)
-            total = time.perf_counter() - t0
-            t = ctx.timings
+            yield out
         finally:
+            total, t, flops = time.perf_counter() - t0, ctx.timings, ctx.flops
             ctx.timings = None
         hooks = {k: v for k, v in t.items() if k not in ("forward", "backward")}
-        out = {"total_s": round(total, 3), "forward_s": round(t.get("forward", 0.0), 3),
-               "input_grad_backward_s": round(t.get("backward", 0.0) - sum(hooks.values()), 3),
-               "hooks_s": round(sum(hooks.values()), 3)}
-        per = {k: {"s": round(v, 3), "gflop": round(ctx.flops.get(k, 0) / 1e9, 2),
-                   "gflop_per_s": round(ctx.flops.get(k, 0) / 1e9 / v, 1) if v > 0 else None}
-               for k, v in sorted(hooks.items(), key=lambda kv: -kv[1])}
-        return {"summary": out, "hooks_by_kind": per}
+        out["summary"] = {
+            "total_s": round(total, 3), "forward_s": round(t.get("forward", 0.0), 3),
+            "input_grad_backward_s": round(t.get("backward", 0.0) - sum(hooks.values()), 3),
+            "hooks_s": round(sum(hooks.values()), 3)}
+        out["hooks_by_kind"] = {
+            k: {"s": round(v, 3), "gflop": round(flops.get(k, 0) / 1e9, 2),
+                "gflop_per_s": round(flops.get(k, 0) / 1e9 / v, 1) if v > 0 else None}
+            for k, v in sorted(hooks.items(), key=lambda kv: -kv[1])}
+
+    def profile(self, cands: list[Example]) -> dict:
+        """One profiled `partials(cands)` (see `profiling`)."""
+        with self.profiling() as prof:
+            self.partials(cands)
+        return prof
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights into the model and mark them as `version`."""
