@@ -293,6 +293,7 @@ def run(args: argparse.Namespace) -> dict:
         "shape": args.shape,
         "layers": sum(1 for _ in _blocks(model)) or args.layers,
         "n_candidates": len(cands),
+        "seq_len": max(len(c) for c in cands),
         "tokens_per_candidate": [min(len(c) for c in cands), max(len(c) for c in cands)],
         "mean_tokens": sum(len(c) for c in cands) / len(cands),
         "params": sum(p.numel() for p in model.parameters()),
@@ -312,7 +313,7 @@ def run(args: argparse.Namespace) -> dict:
         "peak_mem_batched_mb": mem["batched"],
         "peak_mem_floor_mb": mem["floor"],
         "peak_mem_naive_mb": mem["naive"],
-        "mem_ratio": None if mem["floor"] is None else round(mem["batched"] / mem["floor"], 3),
+        "mem_ratio": round(mem["batched"] / mem["floor"], 3) if mem["floor"] else None,
         "memory_method": {
             "profiler": "peak live torch allocations during the call (CPU: torch.profiler "
                         "memory events; CUDA: max_memory_allocated; excludes tensors that "

@@ -42,7 +42,8 @@ def test_bench_real_shape_truncated():
     bench.add_arguments(parser)
     args = parser.parse_args(["--shape", "smollm2-135m", "--layers", "1", "--candidates", "2",
                               "--prompt-tokens", "3", "--target-tokens", "5", "--reps", "1",
-                              "--n-ref", "1", "--profile", "--no-subspaces"])
+                              "--n-ref", "1", "--profile", "--no-subspaces", "--memory",
+                              "profiler"])
     out = bench.run(args)
     assert out["shape"] == "smollm2-135m" and out["layers"] == 1 and out["n_candidates"] == 2
     assert out["tokens_per_candidate"] == [8, 8] and out["max_abs_cos_err"] <= 1e-4
