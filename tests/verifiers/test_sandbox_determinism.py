@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from compassplay.tasks.code.validity import validate_tasks
+from compassplay.envs.code.validity import validate_tasks
 
 from compassplay.config import TaskSection
 from compassplay.records import Task
