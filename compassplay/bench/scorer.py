@@ -1,35 +1,24 @@
 """`compassplay bench scorer`: batched gradient scorer vs the naive loop vs the training floor.
 
-All three run in one process on the same random-weight causal LM and the same candidates:
+All three run in one process on the same tiny random-weight causal LM and the same candidates:
 
 * naive: `oracle.naive_partials`, one forward + `autograd.grad` per candidate (batch of one);
 * batched: `GradientScorer.score` (reference set beforehand, not timed);
 * floor: one batched forward + `autograd.grad` of the summed candidate losses w.r.t. all
   parameters -- what one training step on the candidates costs, the cost floor of scoring.
 
-Models: `--shape toy` (a tiny Qwen2, `--hidden/--layers/--vocab`, varied lengths) or a real
-model's architecture and sizes with random init (`smollm2-135m` for CPUs, `qwen2.5-1.5b` and
-`qwen2.5-7b` for GPUs; `--layers` truncates depth for quick runs, the headline is full depth),
-with `--candidates` examples of exactly `--prompt-tokens` + `--target-tokens` tokens.
-
 Timings are medians over `--reps` rounds; each round runs the three in rotating order (the
-machine may be shared, so rounds alternate); `cpu_s` is the process CPU time of the same calls
-(robust to other processes taking cores, unlike wall time). Threads:
-`torch.set_num_threads(--threads)`, by default all cores torch sees. Memory (CPU): in the
-first, untimed round (the warm-up), under `torch.profiler` (profile_memory), the peak of live
-torch tensor bytes allocated during the call (tensors that existed before are not counted; an
-op's temporaries freed inside the op count only by their net); naive's on its longest
-candidate (it scores one at a time). CPU torch allocations are invisible to tracemalloc, and
-RSS deltas mostly measure the allocator's caching, hence the profiler. CUDA: the allocator's
-peak. `cost_model` is the per-layer path decision of the scorer's cost model
-(`rewards/cost.py`); `--profile` adds one timed scoring call split into forward, input-gradient
-backward, and the hooks' work per layer kind with its flops.
+machine may be shared, so rounds alternate). Threads: `torch.set_num_threads(--threads)`, by
+default all cores torch sees. Memory: in a separate, untimed run under `torch.profiler`
+(profile_memory), the peak of live torch CPU tensor bytes allocated during the call (tensors
+that existed before are not counted; an op's temporaries freed inside the op count only by
+their net). CPU torch allocations are invisible to tracemalloc, and RSS deltas mostly measure
+the allocator's caching, hence the profiler.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import statistics
 import time
@@ -42,47 +31,18 @@ from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.oracle import naive_partials
 from compassplay.rewards.subspace import last_blocks_globs
 
-SHAPES: dict[str, dict] = {
-    # Llama, tied embeddings (HuggingFaceTB/SmolLM2-135M's config).
-    "smollm2-135m": dict(arch="llama", hidden=576, intermediate=1536, layers=30, heads=9,
-                         kv_heads=3, vocab=49152, tied=True, rope_theta=100000.0),
-    # Qwen2 with q/k/v biases (Qwen/Qwen2.5-1.5B and -7B configs): sized for GPUs.
-    "qwen2.5-1.5b": dict(arch="qwen2", hidden=1536, intermediate=8960, layers=28, heads=12,
-                         kv_heads=2, vocab=151936, tied=True, rope_theta=1000000.0),
-    "qwen2.5-7b": dict(arch="qwen2", hidden=3584, intermediate=18944, layers=28, heads=28,
-                       kv_heads=4, vocab=152064, tied=False, rope_theta=1000000.0),
-}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench scorer`."""
-    parser.add_argument("--shape", choices=["toy", *SHAPES], default="toy",
-                        help="toy: a tiny Qwen2 (--hidden/--vocab); or a real model's shape "
-                             "with random weights (headline numbers: full depth)")
-    parser.add_argument("--n-candidates", "--candidates", dest="n_candidates", type=int,
-                        default=None, help="default 32 (toy) / 16 (real shapes)")
-    parser.add_argument("--seq-len", type=int, default=128,
-                        help="toy: prompt+target tokens (max, lengths vary)")
-    parser.add_argument("--prompt-tokens", type=int, default=64, help="real shapes")
-    parser.add_argument("--target-tokens", type=int, default=256, help="real shapes")
-    parser.add_argument("--n-ref", type=int, default=None, help="reference examples "
-                        "(default 8 toy / 4 real shapes)")
-    parser.add_argument("--hidden", type=int, default=256, help="toy")
-    parser.add_argument("--layers", type=int, default=None,
-                        help="depth (toy default 4; real shapes: truncate for quick runs)")
-    parser.add_argument("--vocab", type=int, default=2048, help="toy")
-    parser.add_argument("--reps", type=int, default=None, help="timed rounds (5 toy / 2 real)")
+    parser.add_argument("--n-candidates", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=128, help="prompt+target tokens (max)")
+    parser.add_argument("--n-ref", type=int, default=8, help="reference examples")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="0: torch default")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--memory", choices=["profiler", "rss", "none"], default=None,
-                        help="peak memory: profiler (an untimed warm-up round; default toy), "
-                             "rss (peak RSS growth during the timed calls; default real shapes, "
-                             "no extra round) or none")
-    parser.add_argument("--no-memory", action="store_const", const="none", dest="memory",
-                        help="same as --memory none")
-    parser.add_argument("--profile", action="store_true",
-                        help="time the scorer's work per layer kind (in the last timed round)")
     parser.add_argument("--proj-dims", type=int, nargs="*", default=[1024, 8192])
     parser.add_argument("--last-k", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--no-subspaces", action="store_true")
@@ -99,31 +59,6 @@ def build_model(hidden: int, layers: int, vocab: int, seed: int) -> torch.nn.Mod
                       num_key_value_heads=max(1, hidden // 128), max_position_embeddings=2048,
                       tie_word_embeddings=False)
     return Qwen2ForCausalLM(cfg).float().eval()
-
-
-def build_shape(shape: str, layers: int | None, seed: int) -> torch.nn.Module:
-    """A real model's architecture and sizes, random init, float32, eval mode."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    s = SHAPES[shape]
-    torch.manual_seed(seed)
-    common = dict(vocab_size=s["vocab"], hidden_size=s["hidden"],
-                  intermediate_size=s["intermediate"], num_hidden_layers=layers or s["layers"],
-                  num_attention_heads=s["heads"], num_key_value_heads=s["kv_heads"],
-                  tie_word_embeddings=s["tied"], max_position_embeddings=8192,
-                  rope_theta=s["rope_theta"])
-    if s["arch"] == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common, rms_norm_eps=1e-5))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common, rms_norm_eps=1e-6))
-    return model.float().eval()
-
-
-def fixed_examples(n: int, prompt: int, target: int, vocab: int,
-                   gen: torch.Generator) -> list[Example]:
-    """n examples of exactly `prompt` + `target` random tokens."""
-    ids = torch.randint(0, vocab, (n, prompt + target), generator=gen).tolist()
-    return [Example(r[:prompt], r[prompt:]) for r in ids]
 
 
 def make_examples(n: int, seq_len: int, vocab: int, gen: torch.Generator) -> list[Example]:
@@ -146,17 +81,9 @@ def floor_step(model: torch.nn.Module, cands: list[Example]) -> None:
         torch.autograd.grad(loss, params)
 
 
-def peak_alloc_mb(fn: Callable[[], object], device: torch.device | None = None) -> float:
-    """Peak (MiB) of torch tensor bytes allocated and still live during `fn`. CPU: from the
-    profiler's memory events (per-op net allocations and frees, in time order); CUDA: the
-    allocator's peak minus what was allocated before."""
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
+def peak_alloc_mb(fn: Callable[[], object]) -> float:
+    """Peak (MiB) of torch CPU tensor bytes allocated and still live during `fn`, from the
+    profiler's memory events (per-op net allocations and frees, in time order)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -188,55 +115,14 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(rx @ ry) / den if den > 0 else 0.0
 
 
-def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, list[Example], list[Example]]:
-    dev = torch.device(args.device)
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    if args.shape == "toy":
-        args.n_candidates = args.n_candidates or 32
-        args.layers, args.n_ref = args.layers or 4, args.n_ref or 8
-        model = build_model(args.hidden, args.layers, args.vocab, args.seed).to(dev)
-        cands = make_examples(args.n_candidates, args.seq_len, args.vocab, gen)
-        ref = make_examples(args.n_ref, args.seq_len, args.vocab, gen)
-        return model, cands, ref
-    args.n_candidates, args.n_ref = args.n_candidates or 16, args.n_ref or 4
-    model = build_shape(args.shape, args.layers, args.seed).to(dev)
-    vocab = SHAPES[args.shape]["vocab"]
-    cands = fixed_examples(args.n_candidates, args.prompt_tokens, args.target_tokens, vocab, gen)
-    ref = fixed_examples(args.n_ref, args.prompt_tokens, args.target_tokens, vocab, gen)
-    return model, cands, ref
-
-
-def _rss(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_peak_rss() -> int:
-    """Reset the kernel's peak-RSS mark (Linux) and return the current RSS in bytes."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _rss("VmRSS")
-
-
-def _peak_rss() -> int:
-    return _rss("VmHWM")
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark; returns the JSON-ready result dict."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, cands, ref = _setup(args)
-    dev = torch.device(args.device)
-    reps = args.reps or (5 if args.shape == "toy" else 2)
+    model = build_model(args.hidden, args.layers, args.vocab, args.seed)
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    cands = make_examples(args.n_candidates, args.seq_len, args.vocab, gen)
+    ref = make_examples(args.n_ref, args.seq_len, args.vocab, gen)
     scorer = GradientScorer(model, "all")
     scorer.set_reference(ref)
     rs = scorer.reference
@@ -249,91 +135,41 @@ def run(args: argparse.Namespace) -> dict:
         return [s.cosine for s in scorer.score(cands)]
 
     fns = {"naive": naive, "batched": batched, "floor": lambda: floor_step(model, cands)}
-    memory = args.memory or ("profiler" if args.shape == "toy" else "rss")
-    if dev.type == "cuda" and memory == "rss":
-        memory = "profiler"  # i.e. the CUDA allocator's peak, in the warm-up round
-    mem: dict[str, float | None] = {k: None for k in fns}
-    if memory == "profiler":
-        # The first (untimed) round warms up and measures peak memory. Naive's peak is one
-        # candidate's forward+backward (they run one at a time): measured on the longest
-        # candidate, since the profiler's memory events make the whole loop very slow.
-        longest = max(cands, key=len)
-        mem = {**{k: peak_alloc_mb(fn, dev) for k, fn in fns.items() if k != "naive"},
-               "naive": peak_alloc_mb(lambda: naive_partials(
-                   model, scorer.params, rs.grads, [longest]), dev)}
-    else:  # warm up on two candidates
-        few = cands[:2]
-        naive_partials(model, scorer.params, rs.grads, few)
-        scorer.score(few)
-        floor_step(model, few)
+    for fn in fns.values():  # warm-up
+        fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
-    cpu: dict[str, list[float]] = {k: [] for k in fns}
-    last: dict[str, object] = {}
-    prof: dict = {}
     keys = list(fns)
-    for r in range(reps):
+    for r in range(args.reps):
         for k in keys[r % 3:] + keys[: r % 3]:
-            profiled = args.profile and k == "batched" and r == reps - 1
-            _sync(dev)
-            base = _reset_peak_rss() if memory == "rss" else 0
-            t0, c0 = time.perf_counter(), time.process_time()
-            with scorer.profiling() if profiled else contextlib.nullcontext({}) as p:
-                last[k] = fns[k]()
-            _sync(dev)
+            t0 = time.perf_counter()
+            fns[k]()
             times[k].append(time.perf_counter() - t0)
-            cpu[k].append(time.process_time() - c0)
-            if memory == "rss":
-                mem[k] = max(mem[k] or 0.0, round((_peak_rss() - base) / 2**20, 1))
-            prof = p or prof
     med = {k: statistics.median(v) for k, v in times.items()}
-    cmed = {k: statistics.median(v) for k, v in cpu.items()}
-    full = last["batched"]
-    err = max(abs(a - b) for a, b in zip(full, last["naive"], strict=True))
+    full = batched()
+    err = max(abs(a - b) for a, b in zip(full, naive(), strict=True))
     out = {
-        "shape": args.shape,
-        "layers": sum(1 for _ in _blocks(model)) or args.layers,
         "n_candidates": len(cands),
-        "seq_len": max(len(c) for c in cands),
-        "tokens_per_candidate": [min(len(c) for c in cands), max(len(c) for c in cands)],
+        "seq_len": args.seq_len,
         "mean_tokens": sum(len(c) for c in cands) / len(cands),
         "params": sum(p.numel() for p in model.parameters()),
-        "device": str(dev),
         "threads": torch.get_num_threads(),
-        "reps": reps,
+        "reps": args.reps,
         "naive_s": round(med["naive"], 4),
         "batched_s": round(med["batched"], 4),
         "floor_s": round(med["floor"], 4),
         "ratio": round(med["batched"] / med["naive"], 3),
         "floor_ratio": round(med["batched"] / med["floor"], 3),
-        "times_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
-        "cpu_s": {k: round(v, 3) for k, v in cmed.items()},
-        "cpu_ratio": round(cmed["batched"] / cmed["naive"], 3),
-        "cpu_floor_ratio": round(cmed["batched"] / cmed["floor"], 3),
         "max_abs_cos_err": err,
-        "peak_mem_batched_mb": mem["batched"],
-        "peak_mem_floor_mb": mem["floor"],
-        "peak_mem_naive_mb": mem["naive"],
-        "mem_ratio": round(mem["batched"] / mem["floor"], 3) if mem["floor"] else None,
-        "memory_method": {
-            "profiler": "peak live torch allocations during the call (CPU: torch.profiler "
-                        "memory events; CUDA: max_memory_allocated; excludes tensors that "
-                        "existed before the call)",
-            "rss": "peak resident set size during the timed call minus the RSS before it "
-                   "(VmHWM after resetting it; max over rounds; includes allocator caching)",
-            "none": None}[memory],
+        "peak_mem_batched_mb": peak_alloc_mb(batched),
+        "peak_mem_floor_mb": peak_alloc_mb(fns["floor"]),
+        "peak_mem_naive_mb": peak_alloc_mb(naive),
+        "memory_method": "peak live torch CPU allocations during the call (torch.profiler "
+                         "memory events; excludes tensors that existed before the call)",
         "layer_paths": _path_summary(scorer.layer_paths),
-        "cost_model": scorer.cost_report(),
     }
-    if args.profile:
-        out["profile"] = prof
     if not args.no_subspaces:
         out["subspaces"] = _subspaces(model, ref, cands, full, args)
     return out
-
-
-def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    inner = getattr(model, "model", None)
-    return list(getattr(inner, "layers", []))
 
 
 def _path_summary(paths: dict[str, list[str]]) -> dict[str, list[str]]:
