@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from compassplay.envs.code.validity import validate_tasks
 
 from compassplay.config import TaskSection
+from compassplay.envs.code.validity import validate_tasks
 from compassplay.records import Task
 from compassplay.verifiers.python_sandbox import PythonSandbox
 
