@@ -96,7 +96,7 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
     # 130: our exit; -2: the clean-up had just finished and the default action ended it
     assert proc.returncode in (130, -signal.SIGINT), out[-3000:]
     assert time.monotonic() - t0 < 5  # measured 0.06 s idle; a loaded CI box is slower
-    assert "stopping the run" in out
+    assert "stopping the run" in out or "exiting now" in out  # both may beat the handler
 
 
 @pytest.mark.slow
