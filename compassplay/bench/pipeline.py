@@ -25,7 +25,8 @@ import ray
 
 from compassplay.actors.placement import ActorSet
 from compassplay.config import load_config
-from compassplay.executors.ray_driver import Pipeline, init_ray
+from compassplay.executors.ray_driver import Pipeline
+from compassplay.executors.ray_session import init_ray
 from compassplay.records import StepStats
 from compassplay.step.graph import StageCall
 from compassplay.step.messages import StepResult

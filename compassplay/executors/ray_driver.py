@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, ActorUnavailableError, RayError
+from ray.exceptions import RayError
 
 from compassplay.actors.placement import ActorSet, create_actors, requests
 from compassplay.actors.startup import describe_cause, failed_call, wait_ready
 from compassplay.config import RunConfig
 from compassplay.errors import RunError
+from compassplay.executors.ray_session import call_when_up, init_ray
 from compassplay.records import StepStats
 from compassplay.run.interrupt import StopRequest
 from compassplay.run.metrics import RunMetrics
@@ -332,47 +333,6 @@ class Pipeline:
             self._record(result)
         self._finish_evals()
         return self.recorded
-
-
-def call_when_up(method, *args, timeout_s: float = 300.0,
-                 poll: Callable[[], None] = lambda: None):
-    """`ray.get(method.remote(*args))`, waiting while the actor restarts (at most `timeout_s`);
-    `poll()` runs about once a second (the driver's Ctrl-C check raises from it)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            ref = method.remote(*args)
-            while not ray.wait([ref], timeout=1.0)[0]:
-                poll()
-                if time.monotonic() > deadline:
-                    raise RunError(f"{method._method_name}() got no answer in {timeout_s:.0f} s")
-            return ray.get(ref)
-        except (ActorUnavailableError, ActorDiedError):
-            if time.monotonic() > deadline:
-                raise
-            poll()
-            time.sleep(0.5)
-
-
-def init_ray(cfg: RunConfig) -> bool:
-    """Connect to `cluster.address` / RAY_ADDRESS, or start an embedded local Ray.
-
-    Returns True when this call started an embedded Ray (the caller shuts it down)."""
-    if ray.is_initialized():
-        return False
-    import os
-
-    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        ray.init(address=address, log_to_driver=True)
-        return False
-    c = cfg.cluster
-    need = (c.proposer.num_cpus + c.solver.num_cpus + c.verifier.num_cpus * c.num_verifiers
-            + c.scorer.num_cpus * cfg.scorer.num_scorers + c.learner.num_cpus
-            + (c.eval.num_cpus if cfg.eval.every_steps else 0.0))
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
-             log_to_driver=True)
-    return True
 
 
 def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool = False,
