@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import compassplay
 from compassplay.verifiers.isolation import ROOT, ROOTLESS
 from compassplay.verifiers.python_sandbox import PythonSandbox
 from tests.verifiers.sandbox_helpers import (
@@ -88,7 +89,7 @@ ATTACKS = [
     Attack("delete_host_files",
            "import os, shutil\nfor p in ('@HOME_SENTINEL@', '@TMP_SENTINEL@/keep.txt'):\n"
            "    try:\n        os.remove(p)\n    except OSError:\n        pass\n"
-           "shutil.rmtree('/work', ignore_errors=True)\nprint(os.path.isdir('/work'))",
+           "shutil.rmtree('@PACKAGE_DIR@', ignore_errors=True)\nprint(os.path.isdir('@PACKAGE_DIR@'))",
            ("ok",), "True"),
     Attack("read_environment",
            "import os\nprint(sorted(os.environ), open('/proc/1/environ', 'rb').read())",
@@ -188,6 +189,8 @@ PROBE = (
     " len([p for p in os.listdir('/proc') if p.isdigit()]), print is builtins.print)"
 )
 PROBE_OUT = "['work'] [] [] 2 True\n"
+# A small host tree to try to delete: walking all of /work on a CI machine can exceed the timeout.
+PACKAGE_DIR = str(Path(compassplay.__file__).parent)
 PWNED = ["/tmp/pwned_tmp", "/tmp/from_thread", "/tmp/from_daemon", "/root/pwned_sys",
          "/root/pwned_root", "/etc/pwned_sys", "/etc/pwned_etc", "/work/pwned_sub"]
 
@@ -200,7 +203,8 @@ def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentin
     code = (attack.code.replace("@TMP_SENTINEL@", str(tmp_dir))
             .replace("@HOME_SENTINEL@", str(home))
             .replace("@PORT@", str(listener.getsockname()[1]))
-            .replace("@HOST_PID@", str(os.getpid())))
+            .replace("@HOST_PID@", str(os.getpid()))
+            .replace("@PACKAGE_DIR@", PACKAGE_DIR))
     result = sandbox.run(code)
     assert result.status in attack.statuses, result
     expected = attack.stdout_has
