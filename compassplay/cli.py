@@ -16,7 +16,7 @@ from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
 from compassplay.run.interrupt import EXIT_CODE
 
-BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline")
+BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline", "gpu")
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -120,7 +120,7 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         for k, v in result.items():
             print(f"{k}: {v}")
-    return 0
+    return getattr(mod, "exit_code", lambda _result: 0)(result)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """`compassplay bench scorer`: batched gradient scorer vs the naive loop vs the training floor.
 
-All three run in one process on the same tiny random-weight causal LM and the same candidates:
+All three run in one process on the same random-weight causal LM (`--shape`: the 4M-parameter
+toy, or SmolLM2-135M / Qwen2.5-1.5B / Qwen2.5-7B shapes, `bench.model_shapes`) in `--dtype` on
+`--device`, and the same candidates:
 
 * naive: `oracle.naive_partials`, one forward + `autograd.grad` per candidate (batch of one);
 * batched: `GradientScorer.score` (reference set beforehand, not timed);
@@ -13,12 +15,15 @@ default all cores torch sees. Memory: in a separate, untimed run under `torch.pr
 (profile_memory), the peak of live torch CPU tensor bytes allocated during the call (tensors
 that existed before are not counted; an op's temporaries freed inside the op count only by
 their net). CPU torch allocations are invisible to tracemalloc, and RSS deltas mostly measure
-the allocator's caching, hence the profiler.
+the allocator's caching, hence the profiler. On CUDA: the caching allocator's peak statistic.
+With `--dtype bfloat16` the cosines are also compared with a float32 per-candidate oracle at
+the same (upcast) weights on `--fp32-check` candidates (`cos_err_vs_fp32`).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -26,7 +31,15 @@ from collections.abc import Callable
 
 import torch
 
-from compassplay.rewards.batch import Example, batch_losses, make_batch, scoring_mode
+from compassplay.bench import model_shapes
+from compassplay.bench.model_shapes import SHAPE_NAMES
+from compassplay.rewards.batch import (
+    Example,
+    batch_losses,
+    make_batch,
+    plan_batches,
+    scoring_mode,
+)
 from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.oracle import naive_partials
 from compassplay.rewards.subspace import last_blocks_globs
@@ -34,12 +47,22 @@ from compassplay.rewards.subspace import last_blocks_globs
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench scorer`."""
+    parser.add_argument("--shape", default="toy", choices=SHAPE_NAMES,
+                        help="model shape, random weights (toy: --hidden/--layers/--vocab)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+                        help="the scored model's dtype (the scorer's `scorer.dtype` knob)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda if present)")
+    parser.add_argument("--fp32-check", type=int, default=4,
+                        help="dtype != float32: cosine error of the batched scorer against a "
+                             "float32 per-candidate oracle on this many candidates (0: skip)")
+    parser.add_argument("--max-batch-tokens", type=int, default=16384,
+                        help="padded tokens per batched pass (scorer and floor alike)")
     parser.add_argument("--n-candidates", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128, help="prompt+target tokens (max)")
     parser.add_argument("--n-ref", type=int, default=8, help="reference examples")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--hidden", type=int, default=256, help="toy shape only")
+    parser.add_argument("--layers", type=int, default=4, help="toy shape only")
+    parser.add_argument("--vocab", type=int, default=2048, help="toy shape only")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="0: torch default")
     parser.add_argument("--seed", type=int, default=0)
@@ -49,16 +72,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
 
 
-def build_model(hidden: int, layers: int, vocab: int, seed: int) -> torch.nn.Module:
-    """Qwen2-style tiny LM (GQA, q/k/v biases, RMSNorm, untied head), random weights."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-    torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                      num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                      num_key_value_heads=max(1, hidden // 128), max_position_embeddings=2048,
-                      tie_word_embeddings=False)
-    return Qwen2ForCausalLM(cfg).float().eval()
+
+def resolve_device(name: str) -> torch.device:
+    """`auto` is cuda when CUDA is available, else cpu."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: CUDA is not available on this machine")
+    return dev
 
 
 def make_examples(n: int, seq_len: int, vocab: int, gen: torch.Generator) -> list[Example]:
@@ -72,18 +96,32 @@ def make_examples(n: int, seq_len: int, vocab: int, gen: torch.Generator) -> lis
     return out
 
 
-def floor_step(model: torch.nn.Module, cands: list[Example]) -> None:
-    """One batched forward+backward computing only the summed gradient of the candidates."""
+def floor_step(model: torch.nn.Module, cands: list[Example],
+               max_batch_tokens: int = 1 << 30) -> None:
+    """Batched forward+backward passes (at most `max_batch_tokens` padded tokens each, as the
+    scorer) computing only the summed gradient of the candidates."""
     dev = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
+    total = None
     with scoring_mode(model):
-        loss = batch_losses(model, make_batch(cands, list(range(len(cands))), dev)).sum()
-        torch.autograd.grad(loss, params)
+        for idx in plan_batches(cands, max_batch_tokens):
+            loss = batch_losses(model, make_batch([cands[i] for i in idx], idx, dev)).sum()
+            gs = torch.autograd.grad(loss, params)
+            total = list(gs) if total is None else [t.add_(g) for t, g in zip(total, gs,
+                                                                               strict=True)]
 
 
-def peak_alloc_mb(fn: Callable[[], object]) -> float:
-    """Peak (MiB) of torch CPU tensor bytes allocated and still live during `fn`, from the
-    profiler's memory events (per-op net allocations and frees, in time order)."""
+def peak_alloc_mb(fn: Callable[[], object], device: torch.device | None = None) -> float:
+    """Peak (MiB) of torch tensor bytes allocated during `fn` above what was live before it.
+    CUDA: the caching allocator's peak statistic. CPU: from the profiler's memory events
+    (per-op net allocations and frees, in time order)."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -119,13 +157,20 @@ def run(args: argparse.Namespace) -> dict:
     """Run the benchmark; returns the JSON-ready result dict."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    model = build_model(args.hidden, args.layers, args.vocab, args.seed)
+    dev = resolve_device(args.device)
+    toy = model_shapes.toy_fields(args.hidden, args.layers, args.vocab)
+    model = model_shapes.build(args.shape, DTYPES[args.dtype], dev, args.seed, toy=toy)
+    vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(args.seed + 1)
-    cands = make_examples(args.n_candidates, args.seq_len, args.vocab, gen)
-    ref = make_examples(args.n_ref, args.seq_len, args.vocab, gen)
-    scorer = GradientScorer(model, "all")
+    cands = make_examples(args.n_candidates, args.seq_len, vocab, gen)
+    ref = make_examples(args.n_ref, args.seq_len, vocab, gen)
+    scorer = GradientScorer(model, "all", max_batch_tokens=args.max_batch_tokens)
     scorer.set_reference(ref)
     rs = scorer.reference
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     def naive() -> list[float]:
         inner, sq, _ = naive_partials(model, scorer.params, rs.grads, cands)
@@ -134,42 +179,77 @@ def run(args: argparse.Namespace) -> dict:
     def batched() -> list[float]:
         return [s.cosine for s in scorer.score(cands)]
 
-    fns = {"naive": naive, "batched": batched, "floor": lambda: floor_step(model, cands)}
+    fns = {"naive": naive, "batched": batched, "floor": lambda: floor_step(model, cands, args.max_batch_tokens)}
     for fn in fns.values():  # warm-up
         fn()
     times: dict[str, list[float]] = {k: [] for k in fns}
     keys = list(fns)
     for r in range(args.reps):
         for k in keys[r % 3:] + keys[: r % 3]:
+            sync()
             t0 = time.perf_counter()
             fns[k]()
+            sync()
             times[k].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
     full = batched()
-    err = max(abs(a - b) for a, b in zip(full, naive(), strict=True))
+    naive_cos = naive()
+    err = max(abs(a - b) for a, b in zip(full, naive_cos, strict=True))
     out = {
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "n_candidates": len(cands),
         "seq_len": args.seq_len,
         "mean_tokens": sum(len(c) for c in cands) / len(cands),
-        "params": sum(p.numel() for p in model.parameters()),
+        "params": model_shapes.param_count(model),
         "threads": torch.get_num_threads(),
+        "max_batch_tokens": args.max_batch_tokens,
         "reps": args.reps,
         "naive_s": round(med["naive"], 4),
         "batched_s": round(med["batched"], 4),
         "floor_s": round(med["floor"], 4),
+        "candidates_per_s": round(len(cands) / med["batched"], 2),
         "ratio": round(med["batched"] / med["naive"], 3),
         "floor_ratio": round(med["batched"] / med["floor"], 3),
         "max_abs_cos_err": err,
-        "peak_mem_batched_mb": peak_alloc_mb(batched),
-        "peak_mem_floor_mb": peak_alloc_mb(fns["floor"]),
-        "peak_mem_naive_mb": peak_alloc_mb(naive),
-        "memory_method": "peak live torch CPU allocations during the call (torch.profiler "
-                         "memory events; excludes tensors that existed before the call)",
+        "peak_mem_batched_mb": peak_alloc_mb(batched, dev),
+        "peak_mem_floor_mb": peak_alloc_mb(fns["floor"], dev),
+        "peak_mem_naive_mb": peak_alloc_mb(naive, dev),
+        "memory_method": ("CUDA caching allocator peak above the memory live before the call"
+                          if dev.type == "cuda" else
+                          "peak live torch CPU allocations during the call (torch.profiler "
+                          "memory events; excludes tensors that existed before the call)"),
         "layer_paths": _path_summary(scorer.layer_paths),
     }
     if not args.no_subspaces:
         out["subspaces"] = _subspaces(model, ref, cands, full, args)
+    if args.dtype != "float32" and args.fp32_check > 0:
+        k = min(args.fp32_check, len(cands))
+        del scorer, rs, fns
+        out.update(fp32_errors(model, ref, cands[:k], full[:k], naive_cos[:k]))
     return out
+
+
+def fp32_errors(model: torch.nn.Module, ref: list[Example], cands: list[Example],
+                batched: list[float], naive_low: list[float]) -> dict:
+    """Cosine errors against a float32 per-candidate oracle at the same weights: the model is
+    upcast in place (exact), the reference gradient recomputed in float32, and the naive loop
+    run on `cands`. Returns the batched scorer's and the low-precision naive loop's errors."""
+    gc.collect()  # the scorer's hooks form reference cycles: free its float32 g_ref now
+    if model.device.type == "cuda":
+        torch.cuda.empty_cache()
+    model.float()
+    sc = GradientScorer(model, "all", max_batch_tokens=1)  # one example per pass (memory)
+    sc.set_reference(ref)
+    rs = sc.reference
+    inner, sq, _ = naive_partials(model, sc.params, rs.grads, cands)
+    exact = (inner / (sq.sqrt() * rs.sq**0.5)).tolist()
+    return {"fp32_check_candidates": len(cands),
+            "cos_err_vs_fp32": max(abs(a - b) for a, b in zip(batched, exact, strict=True)),
+            "naive_cos_err_vs_fp32": max(abs(a - b) for a, b in
+                                         zip(naive_low, exact, strict=True))}
 
 
 def _path_summary(paths: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -59,12 +59,21 @@ def naive_partials(model: nn.Module, params: dict[str, nn.Parameter],
     inner = torch.zeros(len(cands), dtype=torch.float64)
     sq = torch.zeros(len(cands), dtype=torch.float64)
     proj = None if sketch is None else torch.zeros(len(cands), sketch.dim, dtype=torch.float64)
-    ref_flat = None if sketch is not None else flatten({n: ref[n] for n in params})
-    for i, g in enumerate(per_example_grads(model, params, cands)):
+    names, plist = list(params), list(params.values())
+    for i, ex in enumerate(cands):
+        with scoring_mode(model):
+            grads = torch.autograd.grad(example_loss(model, ex), plist, allow_unused=True)
         if sketch is not None:
-            proj[i] = flatten(g, sketch, params)
+            proj[i] = flatten({n: (torch.zeros_like(p, dtype=torch.float32) if g is None
+                                   else g.float()) for n, p, g in zip(names, plist, grads,
+                                                                     strict=True)},
+                              sketch, params)
             continue
-        flat = flatten(g)
-        inner[i] = flat @ ref_flat
-        sq[i] = flat @ flat
+        # One parameter at a time in float64 (no model-sized float64 vector: 57 GiB at 7B).
+        for n, g in zip(names, grads, strict=True):
+            if g is not None:
+                g64 = g.reshape(-1).double()
+                inner[i] += float(g64 @ ref[n].reshape(-1).double())
+                sq[i] += float(g64 @ g64)
+        del grads
     return inner, sq, proj

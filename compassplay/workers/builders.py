@@ -43,6 +43,13 @@ def role_gpus(cfg: RunConfig, role: str) -> float:
     return getattr(cfg.cluster, role).num_gpus if torch.cuda.is_available() else 0.0
 
 
+def role_device(cfg: RunConfig, role: str) -> torch.device:
+    """Where the role's model lives: `cuda` (the first GPU Ray made visible to the actor) when
+    `cluster.<role>.num_gpus > 0` and CUDA is available, else `cpu`. Ray sets
+    CUDA_VISIBLE_DEVICES per actor, so device index 0 is the actor's own GPU."""
+    return torch.device("cuda" if role_gpus(cfg, role) > 0 else "cpu")
+
+
 def make_sandbox(cfg: VerifierSection) -> PythonSandbox:
     """A started sandbox pool (the caller closes it)."""
     return PythonSandbox(workers=cfg.workers, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb,
@@ -78,16 +85,17 @@ def scorer_params(spec: str):
 
 
 def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Module,
-                   tokenizer) -> GenerationEngine:
-    """The role's generation engine: HF on its own copy of the weights, or vLLM (GPU), which
-    loads `model.name_or_path` itself and then receives weights in place by version."""
+                   tokenizer, device: torch.device | str = "cpu") -> GenerationEngine:
+    """The role's generation engine: HF on its own copy of the weights on `device`, or vLLM
+    (GPU), which loads `model.name_or_path` itself and then receives weights in place by
+    version."""
     if section.engine == "vllm":
         if cfg.model.source not in ("local", "hub"):
             raise ConfigError("proposer/solver.engine=vllm needs model.source=local or hub "
                               "with model.name_or_path (vLLM loads the weights itself)")
         return make_generation_engine("vllm", cfg.model.name_or_path, tokenizer,
                                       gpu_memory_utilization=section.gpu_memory_utilization)
-    return HFGenerationEngine(copy.deepcopy(model), tokenizer)
+    return HFGenerationEngine(copy.deepcopy(model).to(device), tokenizer)
 
 
 def make_reference(cfg: RunConfig, tokenizer) -> list[Example]:

@@ -18,7 +18,7 @@ from compassplay.eval.evaluator import Evaluator
 from compassplay.models import load_model
 from compassplay.step.graph import WeightsOffer
 from compassplay.step.timing import Timing, timed
-from compassplay.workers.builders import configure_torch, role_gpus
+from compassplay.workers.builders import configure_torch, role_device, role_gpus
 from compassplay.workers.versioned import Versioned, Weights
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class EvalWorker(Versioned):
         configure_torch(cfg)
         model, tok = load_model(cfg.model, seed=cfg.run.seed)
         self.gpus = role_gpus(cfg, "eval")
-        model = model.eval().to("cuda" if self.gpus else "cpu")  # cluster.eval.num_gpus
+        model = model.eval().to(role_device(cfg, "eval"))
         self.engine = HFGenerationEngine(model, tok)
         self.evaluator = Evaluator(model, tok, e.benchmarks, e.data_dir or None,
                                    batch_size=e.batch_size,

@@ -18,6 +18,7 @@ from compassplay.workers.builders import (
     configure_torch,
     make_env,
     make_generator,
+    role_device,
     role_gpus,
 )
 from compassplay.workers.versioned import Versioned, Weights
@@ -31,7 +32,7 @@ class _GeneratorWorker(Versioned):
         self.gpus = role_gpus(cfg, role)
         configure_torch(cfg)
         model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
-        self.engine = make_generator(cfg, section, model, self.tok)
+        self.engine = make_generator(cfg, section, model, self.tok, role_device(cfg, role))
         self.env = make_env(cfg, None)
 
     def load_weights(self, weights: Weights, version: int) -> None:

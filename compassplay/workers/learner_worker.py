@@ -28,6 +28,7 @@ from compassplay.sync.channel import NcclChannel, free_port, node_address, open_
 from compassplay.workers.builders import (
     configure_torch,
     make_env,
+    role_device,
     role_gpus,
 )
 from compassplay.workers.versioned import Weights
@@ -57,7 +58,8 @@ class LearnerWorker:
         self.run_dir = Path(run_dir)
         configure_torch(cfg)
         self.model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
-        self._initial = {k: v.clone() for k, v in self.model.state_dict().items()}
+        self.model.to(role_device(cfg, "learner"))  # before the optimizer is built
+        self._initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         # learner.kl_coef > 0: the KL term's frozen reference is the initial policy
         self.ref_model = frozen_copy(self.model) if cfg.learner.kl_coef > 0 else None
         self.learner = self._make_learner()

@@ -21,6 +21,7 @@ from compassplay.workers.builders import (
     configure_torch,
     make_env,
     make_reference,
+    role_device,
     role_gpus,
     scorer_params,
 )
@@ -48,7 +49,8 @@ class ScorerWorker(Versioned):
         self.gpus = role_gpus(cfg, "scorer")
         configure_torch(cfg)
         model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
-        model = model.to(SCORER_DTYPES[cfg.scorer.dtype])  # scorer.dtype (partials in float64)
+        # scorer.dtype on the actor's device (partials accumulate in float64)
+        model = model.to(role_device(cfg, "scorer"), SCORER_DTYPES[cfg.scorer.dtype])
         params = scorer_params(cfg.scorer.params)
         if cfg.scorer.shard_mode == "param_shard" and num_shards > 1:
             names = [n for n, p in model.named_parameters() if p.requires_grad]

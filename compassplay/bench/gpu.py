@@ -1,0 +1,219 @@
+"""`compassplay bench gpu`: the GPU check, in one command on one GPU (about 5 minutes on an H200).
+
+Needs torch, transformers and this package with its light dependencies (pydantic, PyYAML):
+no Ray, no vLLM, no DeepSpeed, no download (every model is a random init at a real shape).
+Parts, each reported in one JSON object (and `--out FILE`):
+
+* scorer: `bench scorer` at the Qwen2.5-1.5B and Qwen2.5-7B shapes in bfloat16, `--seq-len`
+  tokens per candidate: candidates/s, naive/batched/floor seconds and their ratios, peak memory
+  of each, the path each layer took, and the cosine error against a float32 per-candidate
+  oracle at the same weights;
+* generate: the HF engine (`engines.hf_generation`) sampling on the GPU at the 1.5B shape;
+* learn: one `PolicyLearner` step (torch backend, AdamW) on those samples at the 1.5B shape.
+
+    python -m compassplay.bench.gpu --json --out gpu_check.json
+    python -m compassplay.bench.gpu --device cpu --shapes toy --seq-len 64   # the same code, CPU
+
+A part that fails is reported with its error and the others still run; the exit code is 1 then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from compassplay.bench import model_shapes
+from compassplay.bench import scorer as scorer_bench
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `bench gpu`."""
+    parser.add_argument("--device", default="auto", help="cuda, cpu, or auto (cuda if present)")
+    parser.add_argument("--shapes", nargs="+", default=["qwen2.5-1.5b", "qwen2.5-7b"],
+                        choices=model_shapes.SHAPE_NAMES, help="scorer shapes")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(scorer_bench.DTYPES))
+    parser.add_argument("--n-candidates", type=int, default=8)
+    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per candidate (max)")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--max-batch-tokens", nargs="*", default=[],
+                        metavar="SHAPE=TOKENS", help="padded tokens per scorer/floor pass by "
+                        "shape (default: 16384, and 4096 at qwen2.5-7b to fit 141 GB)")
+    parser.add_argument("--fp32-check", type=int, default=4)
+    parser.add_argument("--gen-shape", default="qwen2.5-1.5b", choices=model_shapes.SHAPE_NAMES,
+                        help="shape of the generation and learner checks")
+    parser.add_argument("--gen-batch", type=int, default=8)
+    parser.add_argument("--gen-tokens", type=int, default=256)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["scorer", "generate", "learn"])
+    parser.add_argument("--out", default="", help="also write the JSON object here")
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+
+
+def _free(dev: torch.device) -> None:
+    gc.collect()
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _part(name: str, fn: Callable[[], dict], dev: torch.device, log: Callable[[str], None]
+          ) -> dict:
+    """Run one part; its dict, or {"error": ...} with the traceback's tail. Logs progress."""
+    log(f"[gpu check] {name} ...")
+    t0 = time.perf_counter()
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001  (reported; the other parts still run)
+        out = {"error": f"{type(e).__name__}: {e}",
+               "traceback": traceback.format_exc().splitlines()[-8:]}
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    _free(dev)
+    log(f"[gpu check] {name}: {'FAILED ' + out['error'] if 'error' in out else 'ok'} "
+        f"({out['wall_s']} s)")
+    return out
+
+
+def scorer_part(args: argparse.Namespace, shape: str) -> dict:
+    """`bench scorer` at `shape`, no subspaces."""
+    caps = {"qwen2.5-7b": 4096} | {k: int(v) for k, v in
+                                   (s.split("=", 1) for s in args.max_batch_tokens)}
+    ns = argparse.Namespace(shape=shape, max_batch_tokens=caps.get(shape, 16384), dtype=args.dtype, device=args.device,
+                            fp32_check=args.fp32_check, n_candidates=args.n_candidates,
+                            seq_len=args.seq_len, n_ref=4, hidden=64, layers=2, vocab=512,
+                            reps=args.reps, threads=0, seed=0, proj_dims=[], last_k=[],
+                            no_subspaces=True, json=True)
+    out = scorer_bench.run(ns)
+    out["layer_path_counts"] = {k: len(v) for k, v in out.pop("layer_paths").items()}
+    return out
+
+
+def _tokenizer():
+    from compassplay.models.byte_tokenizer import build_byte_tokenizer
+
+    return build_byte_tokenizer()
+
+
+def generate_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
+    """HF engine on `dev`: `--gen-batch` prompts, `--gen-tokens` new tokens each (EOS off)."""
+    from compassplay.engines.base import SamplingParams
+    from compassplay.engines.hf_generation import HFGenerationEngine
+
+    model = model_shapes.build(args.gen_shape, scorer_bench.DTYPES[args.dtype], dev, seed=0)
+    engine = HFGenerationEngine(model, _tokenizer(), eos_token_id=[])
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(0, 256, (64,), generator=gen).tolist()
+               for _ in range(args.gen_batch)]
+    params = SamplingParams(max_new_tokens=args.gen_tokens, temperature=1.0, seed=0)
+    engine.generate(prompts, SamplingParams(max_new_tokens=4, seed=0))  # warm-up
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    gens = engine.generate(prompts, params)
+    dt = time.perf_counter() - t0
+    n_tok = sum(len(g.completion_ids) for g in gens)
+    keep["model"], keep["gens"] = model, gens
+    return {"shape": args.gen_shape, "dtype": args.dtype, "batch": len(prompts),
+            "new_tokens": n_tok, "seconds": round(dt, 3), "tokens_per_s": round(n_tok / dt, 1),
+            "model_device": str(engine.device),
+            "peak_mem_mb": _peak_mb(dev)}
+
+
+def learn_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
+    """One PolicyLearner step (torch backend) on the generated samples, rewards alternating."""
+    from compassplay.config import LearnerSection
+    from compassplay.engines.factory import make_learner
+    from compassplay.records import Trajectory
+
+    model, gens = keep.get("model"), keep.get("gens")
+    if model is None:
+        raise RuntimeError("the learner check needs the generate part's samples")
+    trajs = [Trajectory(generation=g, reward=float(i % 2), role="solver", task_type="deduction")
+             for i, g in enumerate(gens)]
+    learner = make_learner(LearnerSection(lr=1e-5, micro_batch=4), model, total_steps=1)
+    probe = next(p for p in model.parameters() if p.requires_grad)
+    before = probe.detach().float().clone()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    stats = learner.step(trajs)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    dt = time.perf_counter() - t0
+    changed = float((probe.detach().float() - before).abs().max())
+    return {"shape": args.gen_shape, "dtype": args.dtype, "trajectories": len(trajs),
+            "tokens": stats.n_tokens, "seconds": round(dt, 3), "loss": stats.loss,
+            "grad_norm": stats.grad_norm, "max_weight_change": changed,
+            "weights_on": str(probe.device), "peak_mem_mb": _peak_mb(dev)}
+
+
+def _peak_mb(dev: torch.device) -> float | None:
+    return round(torch.cuda.max_memory_allocated(dev) / 2**20, 1) if dev.type == "cuda" else None
+
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace, log: Callable[[str], None] = _log) -> dict:
+    """All parts; the JSON-ready result (also written to `args.out` when set). Progress goes
+    to stderr."""
+    dev = scorer_bench.resolve_device(args.device)
+    import transformers
+
+    out: dict = {"device": str(dev),
+                 "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else
+                 platform.processor() or "cpu",
+                 "torch": torch.__version__, "transformers": transformers.__version__,
+                 "cuda": torch.version.cuda, "scorer": {}}
+    t0 = time.perf_counter()
+    if "scorer" not in args.skip:
+        for shape in args.shapes:
+            out["scorer"][shape] = _part(f"scorer {shape}", lambda s=shape: scorer_part(args, s),
+                                         dev, log)
+    keep: dict = {}
+    if "generate" not in args.skip:
+        out["generate"] = _part("generate", lambda: generate_part(args, dev, keep), dev, log)
+    if "learn" not in args.skip:
+        out["learn"] = _part("learn", lambda: learn_part(args, dev, keep), dev, log)
+    keep.clear()
+    _free(dev)
+    out["total_s"] = round(time.perf_counter() - t0, 1)
+    out["failed"] = failed_parts(out)
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
+def exit_code(result: dict) -> int:
+    """1 when any part failed (`compassplay bench gpu` exits with it)."""
+    return 1 if result.get("failed") else 0
+
+
+def failed_parts(result: dict) -> list[str]:
+    """Names of the parts that reported an error."""
+    parts = [(f"scorer {k}", v) for k, v in result.get("scorer", {}).items()]
+    parts += [(k, result[k]) for k in ("generate", "learn") if k in result]
+    return [name for name, v in parts if "error" in v]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="compassplay bench gpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    result = run(args)
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+    return exit_code(result)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
