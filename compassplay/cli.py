@@ -109,7 +109,21 @@ def _run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
     run_dir = launch_run(cfg, executor=args.executor, resume=args.resume)
     print(f"run finished: {run_dir}")
+    print(_summary_text(run_dir))
     return 0
+
+
+def _summary_text(run_dir: Path) -> str:
+    """The end-of-run table; the plot is written next to metrics.jsonl."""
+    from compassplay.run.plot import plot_run
+    from compassplay.run.summary import format_summary, run_summary
+
+    try:
+        plot = plot_run(run_dir)
+    except (ImportError, ValueError) as e:  # no matplotlib, or no step to plot
+        logging.getLogger(__name__).warning("no plot: %s", e)
+        plot = None
+    return format_summary(run_summary(run_dir), run_dir, plot)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -59,6 +59,22 @@ class SamplingSection(Section):
     stop: list[str] = Field(default_factory=list)
     prefill: bool = Field(False, description="start each reply with the format's opening "
                           "(e.g. ```python) after the prompt; the policy learns the rest")
+    template: bool = Field(False, description="constrained decoding of the reply's blocks "
+                           "(needs prefill; hf engine): the closing fence of each block is "
+                           "followed by the opening of the next, and the reply ends after the "
+                           "last (see envs: response_template)")
+    segment_max_tokens: int = Field(0, ge=0, description="template: cap per free block "
+                                    "(tokens); 0 = max_new_tokens")
+
+    @model_validator(mode="after")
+    def _template_needs_prefill_and_hf(self) -> SamplingSection:
+        if self.template and not self.prefill:
+            raise ValueError("template: true needs prefill: true (the template continues the "
+                             "prefilled opening)")
+        if self.template and self.engine != "hf":
+            raise ValueError("template: true needs engine: hf (vLLM's own structured outputs "
+                             "are not wired)")
+        return self
 
 
 class ProposerSection(SamplingSection):
@@ -95,7 +111,8 @@ class TaskSection(Section):
     types: list[Literal["deduction", "abduction", "induction", "lean_prove"]] = Field(
         default_factory=lambda: ["deduction"], description="task types proposed each step "
         "(lean: exactly [lean_prove], the default when task.domain=lean)")
-    seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set")
+    seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set, "
+                           "'simple' = the shipped short programs (small models)")
     buffer_size: int = Field(4096, ge=1)
     answer_format: Literal["fenced", "think_answer"] = "fenced"
     banned_modules: list[str] = Field(default_factory=lambda: [

@@ -51,6 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--solver-max-new-tokens", type=int, default=64)
     parser.add_argument("--no-prefill", dest="prefill", action="store_false",
                         help="--smollm2: do not prefill the reply format (default: prefill)")
+    parser.add_argument("--seed-file", default="", help="task.seed_file ('simple': the short "
+                        "shipped programs)")
+    parser.add_argument("--template", action="store_true",
+                        help="--smollm2: constrained decoding of the reply blocks (needs prefill)")
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -110,7 +114,7 @@ def _make_runner(args: argparse.Namespace):
 def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
     """Validity/grading throughput on the shipped seeds and (optionally) CRUXEval."""
     with _make_runner(args) as sb:
-        env = CodeEnvironment(TaskSection(), sb, seed=args.seed)
+        env = CodeEnvironment(TaskSection(seed_file=args.seed_file), sb, seed=args.seed)
         res: dict[str, Any] = {"workers": args.workers, "reps": args.reps,
                                "seeds": _throughput(env, env.buffer.pool(), args.reps)}
         crux = _crux_tasks(args.data_dir, args.crux_items)
@@ -126,14 +130,14 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _generate(engine, tok, prompts: list[str], prefix: str, max_new_tokens: int,
-              args: argparse.Namespace, seed: int) -> list:
+              args: argparse.Namespace, seed: int, template: tuple = ()) -> list:
     """Completions (after the prefilled `prefix`) built exactly as the self-play stages do."""
     from compassplay.engines.base import SamplingParams
     from compassplay.step.prompting import prompt_ids
 
     ids = [prompt_ids(tok, p, prefix) for p in prompts]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,
-                            top_p=0.95, seed=seed)
+                            top_p=0.95, seed=seed, template=template)
     out = []
     for i in range(0, len(ids), args.batch):
         out += engine.generate(ids[i:i + args.batch], params)
@@ -153,17 +157,21 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     engine = HFGenerationEngine(model, tok)
     res: dict[str, Any] = {"model": "SmolLM2-135M-Instruct", "n": args.n,
                            "max_new_tokens": args.max_new_tokens, "prefill": args.prefill,
+                           "template": args.template, "seed_file": args.seed_file,
                            "solver_max_new_tokens": args.solver_max_new_tokens,
                            "temperature": args.temperature}
     with _make_runner(args) as sb:
-        env = CodeEnvironment(TaskSection(), sb, seed=args.seed)
+        env = CodeEnvironment(TaskSection(seed_file=args.seed_file), sb, seed=args.seed)
         for k, tt in enumerate(TYPES):
             rng = random.Random(args.seed + k)
             t0 = time.perf_counter()
             shown = [env.proposer_prompt(tt, rng) for _ in range(args.n)]
             pre = env.response_prefix("proposer", tt) if args.prefill else ""
-            gens = _generate(engine, tok, [p for p, _ in shown], pre, args.max_new_tokens, args,
-                             args.seed + k)
+            tpl = env.response_template("proposer", tt, args.max_new_tokens) \
+                if args.template else ()
+            cap = sum(s.max_tokens + 8 for s in tpl) if tpl else args.max_new_tokens
+            gens = _generate(engine, tok, [p for p, _ in shown], pre, cap, args, args.seed + k,
+                             tpl)
             props = [env.parse_proposal(tt, pre + g.text, ids, f"{tt}-{i}")
                      for i, ((_, ids), g) in enumerate(zip(shown, gens, strict=True))]
             checked = env.validate(props)
@@ -171,8 +179,11 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
             tasks = [rng.choice(tasks).model_copy(update={"task_type": tt})
                      for _ in range(args.n)]
             spre = env.response_prefix("solver", tt) if args.prefill else ""
-            sgens = _generate(engine, tok, [env.solver_prompt(t) for t in tasks], spre,
-                              args.solver_max_new_tokens, args, args.seed + 100 + k)
+            stpl = env.response_template("solver", tt, args.solver_max_new_tokens) \
+                if args.template else ()
+            scap = args.solver_max_new_tokens + (8 if stpl else 0)
+            sgens = _generate(engine, tok, [env.solver_prompt(t) for t in tasks], spre, scap,
+                              args, args.seed + 100 + k, stpl)
             atts = [env.parse_attempt(t, spre + g.text, 0)
                     for t, g in zip(tasks, sgens, strict=True)]
             verdicts = env.grade(list(zip(tasks, atts, strict=True)))

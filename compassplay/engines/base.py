@@ -19,6 +19,26 @@ import torch
 
 from compassplay.records import Generation
 
+FORCED_TOKENS_PER_SEGMENT = 16  # room for a segment's forced text in a reply's length cap
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One free part of a templated reply: sampled text up to and including the first `stop`
+    (at most `max_tokens` sampled tokens; if the cap is hit, `stop` is forced on a new line),
+    then the forced
+    text `then`. End-of-sequence is not sampled inside a segment."""
+
+    stop: str
+    then: str = ""
+    max_tokens: int = 128
+
+    def __post_init__(self) -> None:
+        if not self.stop:
+            raise ValueError("Segment.stop must be a non-empty string")
+        if self.max_tokens < 1:
+            raise ValueError(f"Segment.max_tokens must be >= 1, got {self.max_tokens}")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -28,6 +48,10 @@ class SamplingParams:
     greedy (argmax); top_p: nucleus mass in (0, 1]; stop: strings that end a completion (the
     completion keeps the tokens up to and including the one that completes the string);
     seed: equal seeds give equal completions for equal inputs, None = nondeterministic.
+    template: constrained decoding of a reply's structure, `Segment`s in order; after the last
+    segment's forced text the end-of-sequence token is forced (finish_reason "stop"). Forced
+    tokens are part of the completion with their log-probabilities under the model, like
+    sampled ones. Empty: free sampling. Not combined with `stop`.
     """
 
     max_new_tokens: int = 128
@@ -35,8 +59,12 @@ class SamplingParams:
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    template: tuple[Segment, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.template and self.stop:
+            raise ValueError("a templated SamplingParams takes no stop strings (each Segment "
+                             "has its own stop)")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -45,10 +73,17 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
     @classmethod
-    def from_section(cls, section: Any, seed: int | None = None) -> SamplingParams:
-        """Build from a config `SamplingSection` (or any object with the same fields)."""
-        return cls(max_new_tokens=section.max_new_tokens, temperature=section.temperature,
-                   top_p=section.top_p, stop=list(section.stop), seed=seed)
+    def from_section(cls, section: Any, seed: int | None = None,
+                     template: tuple[Segment, ...] = ()) -> SamplingParams:
+        """Build from a config `SamplingSection` (or any object with the same fields). With a
+        template the reply's length is bounded by its segments' caps plus the forced text
+        (`FORCED_TOKENS_PER_SEGMENT` per segment is allowed for it)."""
+        cap = section.max_new_tokens
+        if template:
+            cap = max(cap, sum(s.max_tokens + FORCED_TOKENS_PER_SEGMENT for s in template))
+        return cls(max_new_tokens=cap, temperature=section.temperature,
+                   top_p=section.top_p, stop=[] if template else list(section.stop), seed=seed,
+                   template=tuple(template))
 
 
 class GenerationEngine(ABC):

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from compassplay.engines.base import GenerationEngine, SamplingParams, check_version
+from compassplay.engines.templating import TemplateCursor
 from compassplay.records import Generation
 
 
@@ -56,8 +57,10 @@ class HFGenerationEngine(GenerationEngine):
         if pad is None:
             pad = eos if isinstance(eos, int) else 0
         self.pad_token_id = int(pad)
-        self.eos_token_ids = set() if eos is None else {int(e) for e in
-                                                        (eos if isinstance(eos, list) else [eos])}
+        eos_list = [] if eos is None else [int(e) for e in (eos if isinstance(eos, list)
+                                                             else [eos])]
+        self.eos_token_ids = set(eos_list)
+        self.template_eos = eos_list[0] if eos_list else None  # forced after a template
         self._version = weight_version
         self._lock = threading.RLock()
         params = inspect.signature(model.forward).parameters
@@ -82,6 +85,12 @@ class HFGenerationEngine(GenerationEngine):
                 raise KeyError(f"weight names do not match the model: missing={missing[:5]} "
                                f"unexpected={unexpected[:5]}")
             self._version = version
+
+    def _cursor(self, params: SamplingParams) -> TemplateCursor:
+        return TemplateCursor(params.template,
+                              lambda s: self.tokenizer.encode(s, add_special_tokens=False),
+                              lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+                              self.template_eos)
 
     def _stopped(self, ids: list[int], stop: list[str]) -> bool:
         """Whether the newest token completes a stop string. Checked after every token, so
@@ -130,11 +139,22 @@ class HFGenerationEngine(GenerationEngine):
         lps: list[list[float]] = [[] for _ in range(bsz)]
         reasons = ["length"] * bsz
         done = [False] * bsz
+        cursors = [self._cursor(params) for _ in range(bsz)] if params.template else None
+        eos_cols = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
         for _ in range(params.max_new_tokens):
             logits = out.logits[:, -1, :].float()
-            tok = sample_next(logits, params.temperature, params.top_p, gen)
+            if cursors is None:
+                tok = sample_next(logits, params.temperature, params.top_p, gen)
+            else:  # templated: no end-of-sequence inside a segment; forced tokens override
+                masked = logits.index_fill(-1, eos_cols, float("-inf")) if len(eos_cols) \
+                    else logits
+                tok = sample_next(masked, params.temperature, params.top_p, gen)
+                forced = [(i, c.forced()) for i, c in enumerate(cursors) if c.forced() is not None]
+                if forced:
+                    rows, ids = zip(*forced, strict=True)
+                    tok[list(rows)] = torch.tensor(ids, dtype=tok.dtype, device=dev)
             logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
             tok_l, logp_l = tok.tolist(), logp.tolist()
             for i in range(bsz):
@@ -142,7 +162,11 @@ class HFGenerationEngine(GenerationEngine):
                     continue
                 comp[i].append(tok_l[i])
                 lps[i].append(logp_l[i])
-                if tok_l[i] in self.eos_token_ids or self._stopped(comp[i], params.stop):
+                if cursors is not None:
+                    cursors[i].advance(comp[i])
+                    if cursors[i].finished:
+                        done[i], reasons[i] = True, "stop"
+                elif tok_l[i] in self.eos_token_ids or self._stopped(comp[i], params.stop):
                     done[i], reasons[i] = True, "stop"
             if all(done):
                 break

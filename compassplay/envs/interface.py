@@ -13,6 +13,7 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any
 
+from compassplay.engines.base import Segment
 from compassplay.records import Attempt, Score, Task, Verdict
 
 
@@ -27,6 +28,11 @@ class Environment(ABC):
     @abstractmethod
     def response_prefix(self, role: str, task_type: str) -> str:
         """The opening of a well-formed reply of `role` ('proposer'/'solver'), to prefill."""
+
+    def response_template(self, role: str, task_type: str, max_tokens: int) -> tuple[Segment, ...]:
+        """Constrained decoding after the prefilled opening (`SamplingParams.template`): the
+        free blocks of a well-formed reply, each capped at `max_tokens`. () = free sampling."""
+        return ()
 
     @abstractmethod
     def parse_proposal(self, task_type: str, text: str, seed_ids: list[str],

@@ -33,7 +33,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,10 +81,19 @@ class RayDispatch:
 
 @dataclass
 class InFlight:
-    """The refs of one submitted step."""
+    """The refs of one submitted step: its result and every stage's handle(s)."""
 
     step: int
     result: Any
+    handles: dict[str, Any] = field(default_factory=dict)
+
+    def running_stage(self) -> str:
+        """The first stage (graph order) whose output is not ready yet, '' when all are."""
+        for name, h in self.handles.items():
+            refs = [r for r in (h if isinstance(h, list) else [h]) if r is not None]
+            if refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
+                return name
+        return ""
 
 
 @dataclass
@@ -101,9 +110,11 @@ class Pipeline:
     def __init__(self, cfg: RunConfig, run_dir: Path, actors: ActorSet, runlog: RunLog | None,
                  metrics: RunMetrics | None = None,
                  progress: Callable[[StepStats], None] | None = None,
-                 stop: StopRequest | None = None) -> None:
+                 stop: StopRequest | None = None,
+                 on_stage: Callable[[int, str], None] | None = None) -> None:
         self.cfg, self.run_dir, self.actors = cfg, Path(run_dir), actors
         self.runlog, self.metrics, self.progress = runlog, metrics, progress
+        self.on_stage = on_stage  # (step, stage running now), about once a second
         self.stop = stop or StopRequest()
         self.dispatch = RayDispatch(actors)
         self.gate: VersionGate[dict] = VersionGate(cfg.pipeline.staleness)
@@ -160,7 +171,7 @@ class Pipeline:
         self.gate.report(step, snap)
         if self.actors.evaluator is not None and eval_due(self.cfg, step):
             self._submit_eval(step, snap["solver"])
-        return InFlight(step, handles["learn"])
+        return InFlight(step, handles["learn"], handles)
 
     # ------------------------------------------------------------------------------- eval
     def _submit_eval(self, step: int, snap: tuple[Any, list]) -> None:
@@ -325,6 +336,8 @@ class Pipeline:
             try:
                 while not ray.wait([oldest.result], timeout=1.0)[0]:
                     self.stop.check()  # Ctrl-C: drop the steps in flight (run_pipeline cleans up)
+                    if self.on_stage is not None:
+                        self.on_stage(oldest.step, oldest.running_stage())
                 result = ray.get(oldest.result)
             except RayError as exc:
                 pending.clear()
@@ -364,6 +377,9 @@ def _run_on_ray(cfg: RunConfig, run_dir: Path, resume: bool,
                  cfg.logging.prometheus_port)
     bar = tqdm(total=cfg.pipeline.steps, desc="self-play steps", disable=not cfg.logging.progress)
 
+    def on_stage(step: int, stage: str) -> None:
+        bar.set_description(f"step {step}: {stage or 'recording'}", refresh=True)
+
     def progress(stats: StepStats) -> None:
         bar.n = stats.step + 1
         bar.set_postfix(valid=stats.valid, eligible=stats.eligible,
@@ -378,7 +394,8 @@ def _run_on_ray(cfg: RunConfig, run_dir: Path, resume: bool,
         log.info("starting actors: %s", ", ".join(actors.named()))
         wait_ready(actors.named(), requests(cfg), cfg.cluster.startup_timeout_s,
                    poll=stop.check)
-        pipeline = Pipeline(cfg, run_dir, actors, runlog, metrics, progress, stop)
+        pipeline = Pipeline(cfg, run_dir, actors, runlog, metrics, progress, stop,
+                            on_stage if cfg.logging.progress else None)
         if on_pipeline is not None:
             on_pipeline(pipeline)
         pipeline.run(resume=resume)

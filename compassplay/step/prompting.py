@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 
 from compassplay.config import RunConfig
+from compassplay.engines.base import Segment
 from compassplay.envs.interface import Environment
 from compassplay.records import Candidate
 from compassplay.rewards.batch import Example
@@ -38,6 +39,16 @@ def prefix_of(env: Environment, cfg: RunConfig, role: str, task_type: str) -> st
     """The prefilled reply opening of `role` ('' unless proposer/solver.prefill)."""
     section = cfg.proposer if role == "proposer" else cfg.solver
     return env.response_prefix(role, task_type) if section.prefill else ""
+
+
+def template_of(env: Environment, cfg: RunConfig, role: str, task_type: str
+                ) -> tuple[Segment, ...]:
+    """The constrained-decoding template of `role`'s reply (() unless proposer/solver.template)."""
+    section = cfg.proposer if role == "proposer" else cfg.solver
+    if not section.template:
+        return ()
+    return env.response_template(role, task_type,
+                                 section.segment_max_tokens or section.max_new_tokens)
 
 
 def prompt_ids(tokenizer, text: str, prefix: str) -> list[int]:

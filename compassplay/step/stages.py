@@ -15,10 +15,19 @@ from collections import Counter
 from dataclasses import dataclass
 
 from compassplay.config import RewardSection, RunConfig
-from compassplay.engines.base import GenerationEngine, SamplingParams
+from compassplay.engines.base import GenerationEngine, SamplingParams, Segment
 from compassplay.engines.learner import LearnerStats
 from compassplay.envs.interface import Environment
-from compassplay.records import Attempt, Candidate, Score, StepStats, Task, Trajectory, Verdict
+from compassplay.records import (
+    Attempt,
+    Candidate,
+    Generation,
+    Score,
+    StepStats,
+    Task,
+    Trajectory,
+    Verdict,
+)
 from compassplay.rewards.functions import (
     is_eligible,
     proposer_reward,
@@ -30,6 +39,7 @@ from compassplay.step.prompting import (
     prompt_ids,
     stage_seed,
     target_ids,
+    template_of,
 )
 
 GRADIENT_KINDS = ("cosine", "inner", "cos_novelty")
@@ -54,8 +64,9 @@ def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfi
             text, seed_ids = env.proposer_prompt(task_type, rng)
             prompts.append(prompt_ids(tokenizer, text, prefix))
             meta.append((task_type, prefix, seed_ids, f"s{step}-{task_type}-{i}"))
-    params = SamplingParams.from_section(cfg.proposer, seed=stage_seed(cfg.run.seed, step, "gen-p"))
-    gens = engine.generate(prompts, params)
+    seed = stage_seed(cfg.run.seed, step, "gen-p")
+    gens = _generate(engine, prompts, [template_of(env, cfg, "proposer", m[0]) for m in meta],
+                     cfg.proposer, seed)
     tasks = []
     for gen, (task_type, prefix, seed_ids, task_id) in zip(gens, meta, strict=True):
         task = env.parse_proposal(task_type, prefix + gen.text, seed_ids, task_id)
@@ -64,6 +75,22 @@ def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfi
             "proposal": gen, "seed_program": seed.program if seed else ""}))
     seed_tasks = env.sample_buffer(cfg.solver.seed_tasks_per_step, rng)
     return ProposalSet(tasks=tasks, seed_tasks=seed_tasks)
+
+
+def _generate(engine: GenerationEngine, prompts: list[list[int]],
+              templates: list[tuple[Segment, ...]], section, seed: int) -> list[Generation]:
+    """One generate call per distinct template (one call in all when they are equal), results
+    in prompt order. Each call's seed is derived from `seed` and its first prompt's index."""
+    groups: dict[tuple[Segment, ...], list[int]] = {}
+    for i, tpl in enumerate(templates):
+        groups.setdefault(tpl, []).append(i)
+    out: list[Generation | None] = [None] * len(prompts)
+    for tpl, idx in groups.items():
+        sub_seed = seed if len(groups) == 1 else (seed + 7919 * idx[0]) % (1 << 31)
+        params = SamplingParams.from_section(section, seed=sub_seed, template=tpl)
+        for i, gen in zip(idx, engine.generate([prompts[i] for i in idx], params), strict=True):
+            out[i] = gen
+    return out  # type: ignore[return-value]
 
 
 def validate(env: Environment, tasks: list[Task]) -> list[Task]:
@@ -82,8 +109,9 @@ def solve(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
                for t, p in zip(tasks, prefixes, strict=True) for _ in range(n)]
     if not prompts:
         return []
-    params = SamplingParams.from_section(cfg.solver, seed=stage_seed(cfg.run.seed, step, "gen-s"))
-    gens = engine.generate(prompts, params)
+    templates = [template_of(env, cfg, "solver", t.task_type) for t in tasks for _ in range(n)]
+    gens = _generate(engine, prompts, templates, cfg.solver,
+                     stage_seed(cfg.run.seed, step, "gen-s"))
     attempts = []
     for k, gen in enumerate(gens):
         task = tasks[k // n]

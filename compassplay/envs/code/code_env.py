@@ -21,6 +21,7 @@ import random
 from collections import Counter
 
 from compassplay.config import TaskSection
+from compassplay.engines.base import Segment
 from compassplay.envs.code import code_prompts as prompts
 from compassplay.envs.code.code_buffer import Strategy, TaskBuffer
 from compassplay.envs.code.grading import grade_attempts
@@ -42,6 +43,9 @@ from compassplay.envs.code.solver_rewards import (
 from compassplay.envs.code.validity import validate_tasks
 from compassplay.envs.interface import Environment
 from compassplay.records import Attempt, Task, Verdict
+
+INPUT_TOKENS = 40     # template cap of one ```input block (tokens)
+MESSAGE_TOKENS = 48   # template cap of the induction ```message block
 
 
 class CodeEnvironment(Environment):
@@ -129,6 +133,24 @@ class CodeEnvironment(Environment):
         if role == "proposer":
             return "```input\n" if task_type == "induction" else "```python\ndef f("
         return f"```{ANSWER_KIND[task_type][1]}\n"
+
+    def response_template(self, role: str, task_type: str, max_tokens: int) -> tuple[Segment, ...]:
+        """The blocks after `response_prefix` (fenced format only): a program and its input;
+        `induction_inputs` inputs and a message; or the solver's one answer block. Each free
+        block ends at its closing fence, then the next block is opened for the model. Caps:
+        `max_tokens` for a program or an answer, at most `INPUT_TOKENS` for an input and
+        `MESSAGE_TOKENS` for a message."""
+        if self.cfg.answer_format != "fenced":
+            return ()
+        close = "```"
+        if role == "solver":
+            return (Segment(close, "", max_tokens),)
+        inp, msg = min(max_tokens, INPUT_TOKENS), min(max_tokens, MESSAGE_TOKENS)
+        if task_type == "induction":
+            n = self.induction_inputs
+            inputs = [Segment(close, "\n```input\n", inp) for _ in range(n - 1)]
+            return (*inputs, Segment(close, "\n```message\n", inp), Segment(close, "", msg))
+        return (Segment(close, "\n```input\n", max_tokens), Segment(close, "", inp))
 
     # ------------------------------------------------------------------- solver
     def solver_prompt(self, task: Task) -> str:

@@ -24,9 +24,15 @@ from compassplay.records import Task
 SHIPPED_SEED_FILE = "seed_programs.jsonl"
 
 
-def shipped_seed_path() -> Path:
-    """Path of the seed set shipped with the package (`compassplay/data/seed_programs.jsonl`)."""
-    return Path(str(resources.files("compassplay").joinpath("data", SHIPPED_SEED_FILE)))
+# Seed sets shipped with the package, by `task.seed_file` name: the AZR-style set, and 30
+# one-to-five-line programs for small models (the laptop default: SmolLM2-135M imitates what
+# its prompt shows, and can predict the outputs of programs this short).
+SHIPPED_SEED_SETS = {"": SHIPPED_SEED_FILE, "simple": "seed_programs_simple.jsonl"}
+
+
+def shipped_seed_path(name: str = "") -> Path:
+    """Path of a seed set shipped with the package (`compassplay/data/`), by name."""
+    return Path(str(resources.files("compassplay").joinpath("data", SHIPPED_SEED_SETS[name])))
 
 
 def data_path(name: str, data_dir: str | os.PathLike | None = None) -> Path | None:
@@ -92,7 +98,12 @@ def load_seed_file(path: str | os.PathLike, banned: list[str],
 
 
 def load_seeds(seed_file: str, banned: list[str]) -> tuple[list[Task], Counter]:
-    """The configured seed file ('' = the shipped set)."""
-    if seed_file:
-        return load_seed_file(seed_file, banned)
-    return load_seed_file(shipped_seed_path(), banned, prefix="seed")
+    """The configured seed file: a path, or the name of a shipped set ('' = the AZR-style
+    set, 'simple' = the short programs; `SHIPPED_SEED_SETS`)."""
+    if seed_file in SHIPPED_SEED_SETS:
+        prefix = "seed" if not seed_file else f"seed-{seed_file}"
+        return load_seed_file(shipped_seed_path(seed_file), banned, prefix=prefix)
+    if not Path(seed_file).exists():
+        raise FileNotFoundError(f"task.seed_file: {seed_file} does not exist (a path, or one "
+                                f"of the shipped sets: {', '.join(map(repr, SHIPPED_SEED_SETS))})")
+    return load_seed_file(seed_file, banned)

@@ -13,6 +13,7 @@ from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
 from compassplay.executors.ray_driver import run_pipeline
 from compassplay.records import TIMING_FIELDS
+from compassplay.step.graph import STEP
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
@@ -50,7 +51,9 @@ def test_ray_executor_equals_local_executor(tmp_path, ray_local, staleness, veri
                                          f"cluster.num_verifiers={verifiers}",
                                          f"scorer.num_scorers={scorers}"])
     LocalExecutor(cfg, tmp_path / "local").run()
-    run_pipeline(cfg, tmp_path / "ray")
+    seen: list[tuple[int, str]] = []
+    run_pipeline(cfg, tmp_path / "ray",
+                 on_pipeline=lambda p: setattr(p, "on_stage", lambda *a: seen.append(a)))
     local, distributed = metric_rows(tmp_path / "local/metrics.jsonl"), \
         metric_rows(tmp_path / "ray/metrics.jsonl")
     assert [r["step"] for r in distributed] == [0, 1, 2]
@@ -59,6 +62,12 @@ def test_ray_executor_equals_local_executor(tmp_path, ray_local, staleness, veri
     # the comparison is not vacuous: tasks were valid, scored and learned from
     assert sum(r["eligible"] for r in distributed) > 0
     assert any(r["loss"] != 0.0 for r in distributed)
+    # the progress bar's stage: names from the step graph, in graph order within a step
+    names = [st.name for st in STEP]
+    assert seen and {s for _, s in seen} <= set(names) | {""}
+    for step in {k for k, _ in seen}:
+        order = [names.index(s) for k, s in seen if k == step and s]
+        assert order == sorted(order)
 
 
 def _kill_after_first_step(role: str):

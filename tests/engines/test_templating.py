@@ -1,0 +1,96 @@
+"""Constrained decoding of a reply's blocks: the cursor alone, then the HF engine with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compassplay.engines.base import SamplingParams, Segment
+from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.logprobs import pack, token_logprobs
+from compassplay.engines.templating import TemplateCursor
+from compassplay.envs.code.parsing import extract_block
+
+EOS = 258
+
+
+def _cursor(tokenizer, template):
+    return TemplateCursor(template, lambda s: tokenizer.encode(s, add_special_tokens=False),
+                          lambda ids: tokenizer.decode(ids), EOS)
+
+
+def _feed(cursor, tokenizer, text, comp):
+    for t in tokenizer.encode(text, add_special_tokens=False):
+        assert cursor.forced() is None
+        comp.append(t)
+        cursor.advance(comp)
+
+
+def _drain(cursor, comp):
+    forced = []
+    while cursor.forced() is not None:
+        forced.append(cursor.forced())
+        comp.append(forced[-1])
+        cursor.advance(comp)
+    return forced
+
+
+def test_cursor_forces_the_next_opening_after_each_stop_and_eos_at_the_end(tokenizer):
+    c = _cursor(tokenizer, (Segment("```", "\n```input\n", 50), Segment("```", "", 50)))
+    comp: list[int] = []
+    _feed(c, tokenizer, "x):\n    return x\n```", comp)
+    assert tokenizer.decode(_drain(c, comp)) == "\n```input\n" and c.free
+    _feed(c, tokenizer, "3\n``", comp)
+    assert c.free  # "``" is not the stop yet
+    _feed(c, tokenizer, "`", comp)
+    assert _drain(c, comp) == [EOS] and c.finished
+    assert tokenizer.decode(comp[:-1]) == "x):\n    return x\n```\n```input\n3\n```"
+
+
+def test_cursor_forces_the_stop_when_a_segment_hits_its_cap(tokenizer):
+    c = _cursor(tokenizer, (Segment("```", "!", 3),))
+    comp: list[int] = []
+    _feed(c, tokenizer, "abc", comp)
+    assert tokenizer.decode(_drain(c, comp)[:-1]) == "\n```!" and c.finished
+
+
+def test_cursor_without_eos_finishes_after_the_last_forced_text(tokenizer):
+    c = TemplateCursor((Segment("#", ""),), lambda s: tokenizer.encode(s), tokenizer.decode,
+                       None)
+    comp: list[int] = []
+    _feed(c, tokenizer, "a#", comp)
+    assert c.finished and c.forced() is None
+    with pytest.raises(ValueError):
+        TemplateCursor((), tokenizer.encode, tokenizer.decode, None)
+    with pytest.raises(ValueError):
+        Segment("")
+    with pytest.raises(ValueError):
+        SamplingParams(stop=["x"], template=(Segment("```"),))
+
+
+def test_engine_replies_always_have_the_template_blocks(model, tokenizer):
+    """A random tiny model never writes fences by itself; with the template every reply
+    parses into a closed program block and a closed input block, and ends with EOS."""
+    eng = HFGenerationEngine(model, tokenizer)
+    tpl = (Segment("```", "\n```input\n", 12), Segment("```", "", 6))
+    prompts = [[72, 105], [1, 2, 3, 4, 5], [200, 201, 202]]
+    gens = eng.generate(prompts, SamplingParams(max_new_tokens=200, temperature=1.0, seed=4,
+                                                template=tpl))
+    free = eng.generate(prompts, SamplingParams(max_new_tokens=30, seed=4))
+    assert not any("```" in g.text for g in free)  # the model alone writes no fence
+    for g in gens:
+        text = "```python\ndef f(" + g.text
+        assert extract_block(text, ("python",), "code")[1] == ""
+        assert extract_block(text, ("input",), "input")[1] == ""
+        assert g.completion_ids[-1] == EOS and g.finish_reason == "stop"
+        assert len(g.completion_ids) <= 12 + 6 + 2 * 4 + len(tokenizer.encode("\n```input\n")) + 1
+        assert len(g.logprobs) == len(g.completion_ids)
+        # every token, forced or sampled, carries its log-probability under the model
+        b = pack([g])
+        with torch.no_grad():
+            lp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["targets"])
+        torch.testing.assert_close(torch.tensor(g.logprobs), lp[0][b["mask"][0] > 0],
+                                   atol=1e-4, rtol=0)
+    again = eng.generate(prompts, SamplingParams(max_new_tokens=200, temperature=1.0, seed=4,
+                                                 template=tpl))
+    assert [g.completion_ids for g in again] == [g.completion_ids for g in gens]

@@ -1,0 +1,30 @@
+"""The end-of-run summary: totals computed from metrics.jsonl, and the text a person reads."""
+
+from compassplay.records import StepStats
+from compassplay.run.runlog import METRICS_FILE
+from compassplay.run.summary import format_summary, run_summary
+
+
+def _step(step, proposals, valid, eligible, parse=None, invalid=None):
+    return StepStats(step=step, weight_version=step + 1, proposals=proposals, valid=valid,
+                     eligible=eligible, solve_rate_mean=0.5, reward_mean=0.1 * step,
+                     reward_std=0.0, reward_distinct=1, loss=0.01, grad_norm=1.0,
+                     solver_accuracy=0.25 * step, parse_failures=parse or {},
+                     invalid_reasons=invalid or {}, step_seconds=30.0)
+
+
+def test_summary_totals_and_text(tmp_path):
+    lines = [_step(0, 12, 3, 0, {"no_input_block": 2}), _step(1, 12, 6, 2, {"no_input_block": 1},
+                                                             {"error:TypeError": 3})]
+    (tmp_path / METRICS_FILE).write_text("".join(s.model_dump_json() + "\n" for s in lines)
+                                         + '{"kind": "eval", "step": 1}\n')
+    s = run_summary(tmp_path)
+    assert (s["steps"], s["proposals"], s["valid"]) == (2, 24, 9)
+    assert s["valid_rate"] == 9 / 24 and s["eligible_per_step"] == 1.0
+    assert s["steps_with_eligible"] == 1 and s["seconds"] == 60.0
+    assert s["parse_failures"] == {"no_input_block": 3}
+    assert s["invalid_reasons"] == {"error:TypeError": 3}
+    text = format_summary(s, tmp_path)
+    assert "valid proposals 9/24 (38%)" in text and "6/12" in text
+    assert "parse failures: no_input_block 3" in text
+    assert str(tmp_path / METRICS_FILE) in text
