@@ -123,7 +123,9 @@ def _summary_text(run_dir: Path) -> str:
     except (ImportError, ValueError) as e:  # no matplotlib, or no step to plot
         logging.getLogger(__name__).warning("no plot: %s", e)
         plot = None
-    return format_summary(run_summary(run_dir), run_dir, plot)
+    summary = run_summary(run_dir)
+    (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return format_summary(summary, run_dir, plot)
 
 
 def _bench(args: argparse.Namespace) -> int:

@@ -82,3 +82,16 @@ def test_cli_config_show_prints_resolved_yaml():
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "steps: 5" in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["micro", "micro_warm", "default"])
+def test_laptop_configs_fit_a_two_cpu_cluster(name):
+    """`ray start --head` on a 2-core laptop offers 2 CPUs: every actor of a laptop config
+    (with evaluation on, too) must fit, or the run waits for resources that never come."""
+    from compassplay.actors.placement import requests
+
+    for extra in ([], ["eval.every_steps=1"]):
+        cfg = load_config(name, extra)
+        asked = sum(r.get("CPU", 0.0) for r in requests(cfg).values())
+        assert asked <= 2.0, (name, extra, requests(cfg))
+        assert all(r.get("GPU", 0.0) == 0 for r in requests(cfg).values())

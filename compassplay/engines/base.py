@@ -26,12 +26,14 @@ FORCED_TOKENS_PER_SEGMENT = 16  # room for a segment's forced text in a reply's 
 class Segment:
     """One free part of a templated reply: sampled text up to and including the first `stop`
     (at most `max_tokens` sampled tokens; if the cap is hit, `stop` is forced on a new line),
-    then the forced
-    text `then`. End-of-sequence is not sampled inside a segment."""
+    then the forced text `then`. `ends`: other strings that end the free part early (e.g. a
+    newline for a one-line block); after one of them `stop` is forced, then `then`.
+    End-of-sequence is not sampled inside a segment."""
 
     stop: str
     then: str = ""
     max_tokens: int = 128
+    ends: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.stop:

@@ -158,6 +158,11 @@ class PolicyLearner(Learner):
         total = float(sum(len(trajs[i].generation.completion_ids) for i in idx))
         dev = next(slot.module.parameters()).device
         slot.module.train()
+        if self.ref_model is None or not self.cfg.kl_coef:
+            # A zero advantage gives a zero policy-gradient term: leave those trajectories out
+            # of the passes (same update; the normalizer still counts their tokens). One is kept
+            # if all are zero so the optimizer steps on zero gradients exactly as before.
+            idx = [i for i in idx if adv[i] != 0.0] or idx[:1]
         loss_sum = clipped = kl_sum = 0.0
         chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
         for c, chunk in enumerate(chunks):

@@ -3,8 +3,8 @@
 A `TemplateCursor` follows one completion through its `Segment`s: while a segment is free the
 engine samples (end-of-sequence masked); once the segment's stop string has appeared in the
 text sampled since the segment began (or its token cap is hit, which forces the stop string),
-the tokens of the segment's forced text are queued (at the cap: a newline unless the text
-ends with one, the stop string, then the forced text) and emitted one per step, and after the
+the tokens of the segment's forced text are queued (after one of the segment's `ends`, or at
+its cap: a newline unless the text ends with one, the stop string, then the forced text) and emitted one per step, and after the
 last segment the end-of-sequence token. The engine asks `forced()` before sampling and calls
 `advance()` after each token. Pure Python over token ids; no model, no torch.
 """
@@ -57,6 +57,9 @@ class TemplateCursor:
         text = self.decode(completion[self.segment_start:])
         if seg.stop in text:
             self._close(seg.then, len(completion))
+        elif any(e in text for e in seg.ends):
+            self._close(("" if text.endswith("\n") else "\n") + seg.stop + seg.then,
+                        len(completion))
         elif self.sampled >= seg.max_tokens:  # the stop on a line of its own (a fence)
             self._close(("" if text.endswith("\n") else "\n") + seg.stop + seg.then,
                         len(completion))

@@ -67,6 +67,7 @@ def format_summary(summary: dict, run_dir: str | Path, plot: Path | None = None)
         if s[key]:
             lines.append(f"{title}: " + ", ".join(f"{k} {v}" for k, v in s[key].items()))
     run_dir = Path(run_dir)
-    files = [run_dir / METRICS_FILE, run_dir / SAMPLES_FILE] + ([plot] if plot else [])
+    files = [run_dir / METRICS_FILE, run_dir / SAMPLES_FILE, run_dir / "summary.json"] + (
+        [plot] if plot else [])
     lines.append("results: " + ", ".join(str(f) for f in files if f.exists()))
     return "\n".join(lines)

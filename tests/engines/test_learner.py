@@ -105,3 +105,39 @@ def test_lr_schedules():
     m = learner.slots["policy"].module
     lrs = [learner.step(on_policy_batch(m, n=2)).lr for _ in range(3)]
     assert lrs == [1.0, 0.75, 0.5]
+
+
+def test_zero_advantage_trajectories_skipped_give_the_plain_update(learner_cfg):
+    """A group whose rewards are all equal has zero advantages; the learner leaves it out of
+    its passes. The update must equal the plain one: autograd of the token-mean PPO loss over
+    every trajectory (normalizer = all completion tokens), then the same AdamW step."""
+    from compassplay.engines.policy_loss import ppo_loss
+    from compassplay.engines.torch_learner import make_adamw
+
+    model = tiny_causal_lm(seed=3)
+    trajs = on_policy_batch(model, n=6, seed=5)
+    same = [t.model_copy(update={"reward": 0.7, "task_type": "abduction"}) for t in trajs[:3]]
+    batch = trajs[3:] + same  # 3 deduction with varied rewards, 3 abduction all equal
+    adv = trajectory_advantages(batch)
+    assert [a == 0.0 for a in adv] == [False] * 3 + [True] * 3
+    plain = copy.deepcopy(model)
+    learner = make_learner(learner_cfg, model, total_steps=1)
+    learner.step(batch)
+    # the oracle, written out
+    b = pack([t.generation for t in batch])
+    logp = token_logprobs(plain, b["input_ids"], b["attention_mask"], b["targets"])
+    a = torch.tensor(adv)[:, None].expand_as(logp)
+    terms = ppo_loss(logp, b["old_logp"], a, b["mask"], learner_cfg.clip_eps,
+                     normalizer=float(b["mask"].sum()))
+    terms.loss.backward()
+    # k_proj biases have a gradient of exactly zero in exact arithmetic (softmax shift
+    # invariance): float noise there, which Adam normalizes to +-lr, is not compared
+    signal = {n for n, p in plain.named_parameters() if not n.endswith("k_proj.bias")}
+    assert len(signal) > 10
+    torch.nn.utils.clip_grad_norm_(list(plain.parameters()), learner_cfg.max_grad_norm)
+    make_adamw(list(plain.parameters()), learner_cfg.lr).step()
+    for (n, p), q in zip(model.named_parameters(), plain.parameters(), strict=True):
+        if n in signal:
+            torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)
+    assert any((p - q).abs().max() > 0 for p, q in
+               zip(model.parameters(), tiny_causal_lm(seed=3).parameters(), strict=True))

@@ -94,3 +94,14 @@ def test_engine_replies_always_have_the_template_blocks(model, tokenizer):
     again = eng.generate(prompts, SamplingParams(max_new_tokens=200, temperature=1.0, seed=4,
                                                  template=tpl))
     assert [g.completion_ids for g in again] == [g.completion_ids for g in gens]
+
+
+def test_cursor_ends_a_segment_early_and_closes_it_on_a_new_line(tokenizer):
+    c = _cursor(tokenizer, (Segment("```", "\n```input\n", 50, ends=("\n\n",)),
+                            Segment("```", "", 50, ends=("\n",))))
+    comp: list[int] = []
+    _feed(c, tokenizer, "x):\n    return x\n\n", comp)
+    assert tokenizer.decode(_drain(c, comp)) == "```\n```input\n"
+    _feed(c, tokenizer, "3\n", comp)
+    assert _drain(c, comp)[-1] == EOS and c.finished
+    assert tokenizer.decode(comp[:-1]) == "x):\n    return x\n\n```\n```input\n3\n```"

@@ -137,20 +137,23 @@ class CodeEnvironment(Environment):
     def response_template(self, role: str, task_type: str, max_tokens: int) -> tuple[Segment, ...]:
         """The blocks after `response_prefix` (fenced format only): a program and its input;
         `induction_inputs` inputs and a message; or the solver's one answer block. Each free
-        block ends at its closing fence, then the next block is opened for the model. Caps:
+        block ends at its closing fence (or early: a program at its first blank line, an input,
+        output or message at the end of its line), then the next block is opened. Caps:
         `max_tokens` for a program or an answer, at most `INPUT_TOKENS` for an input and
         `MESSAGE_TOKENS` for a message."""
         if self.cfg.answer_format != "fenced":
             return ()
-        close = "```"
-        if role == "solver":
-            return (Segment(close, "", max_tokens),)
+        close, line, blank = "```", ("\n",), ("\n\n",)
+        if role == "solver":  # an output or input is one line; a program ends at a blank line
+            return (Segment(close, "", max_tokens, blank if task_type == "induction" else line),)
         inp, msg = min(max_tokens, INPUT_TOKENS), min(max_tokens, MESSAGE_TOKENS)
         if task_type == "induction":
             n = self.induction_inputs
-            inputs = [Segment(close, "\n```input\n", inp) for _ in range(n - 1)]
-            return (*inputs, Segment(close, "\n```message\n", inp), Segment(close, "", msg))
-        return (Segment(close, "\n```input\n", max_tokens), Segment(close, "", inp))
+            inputs = [Segment(close, "\n```input\n", inp, line) for _ in range(n - 1)]
+            return (*inputs, Segment(close, "\n```message\n", inp, line),
+                    Segment(close, "", msg, line))
+        return (Segment(close, "\n```input\n", max_tokens, blank),
+                Segment(close, "", inp, line))
 
     # ------------------------------------------------------------------- solver
     def solver_prompt(self, task: Task) -> str:

@@ -24,8 +24,8 @@ from compassplay.records import Task
 SHIPPED_SEED_FILE = "seed_programs.jsonl"
 
 
-# Seed sets shipped with the package, by `task.seed_file` name: the AZR-style set, and 30
-# one-to-five-line programs for small models (the laptop default: SmolLM2-135M imitates what
+# Seed sets shipped with the package, by `task.seed_file` name: the AZR-style set, and 36
+# one-to-five-line programs (6 of them induction seeds) for small models (the laptop default: SmolLM2-135M imitates what
 # its prompt shows, and can predict the outputs of programs this short).
 SHIPPED_SEED_SETS = {"": SHIPPED_SEED_FILE, "simple": "seed_programs_simple.jsonl"}
 

@@ -34,7 +34,8 @@ def test_think_answer_has_no_template(runner):
 
 def test_shipped_simple_seed_set_is_valid_and_short(runner):
     tasks, skipped = load_seeds("simple", TaskSection().banned_modules)
-    assert len(tasks) == 30 and not skipped
+    assert len(tasks) == 36 and not skipped
+    assert sum(t.task_type == "induction" for t in tasks) == 6
     env = CodeEnvironment(TaskSection(seed_file="simple"), runner, seed=0)
     fresh = [t.model_copy(update={"valid": False, "outputs": []}) for t in tasks]
     checked = env.validate(fresh)
