@@ -221,7 +221,8 @@ class VerifierSection(Section):
 
 class ScorerSection(Section):
     mode: Literal["batched", "naive"] = "batched"
-    params: str = Field("all", description="'all', comma-separated name globs, or proj:DIM")
+    params: str = Field("all", description="'all', 'last:K' (last K blocks + final norm), "
+                        "comma-separated name globs, or proj:DIM")
     max_batch_tokens: int = Field(16384, ge=64, description="padded tokens per batched "
                                   "scorer pass (the scorer's memory knob)")
     dtype: Literal["float32", "bfloat16"] = Field(
@@ -244,11 +245,28 @@ class LearnerSection(Section):
     micro_batch: int = Field(8, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     keep_last: int = Field(2, ge=1)
+    trainable: str = Field("all", description="'all', 'last:K' (the last K transformer "
+                           "blocks and the final norm) or comma-separated name globs: the "
+                           "parameters the policy update trains (the rest stay frozen)")
     weight_sync: Literal["object_store", "nccl"] = Field(
         "object_store", description="object_store: weights travel through Ray's object store "
         "(CPU or GPU); nccl: bucketed NCCL broadcast from the learner to GPU generators/scorers "
         "(GPU only, see deploy/README.md)")
     sync_bucket_mb: int = Field(256, ge=1, description="nccl: bytes per broadcast bucket (MiB)")
+
+
+class BootstrapSection(Section):
+    """Format bootstrap before self-play (compassplay/models/bootstrap.py): a short supervised
+    warm-up on (prompt, reply) pairs rendered from the seed set in the run's exact format,
+    cached once under the model cache directory, keyed by model, examples and recipe."""
+
+    enabled: bool = Field(False, description="fine-tune on the rendered seed examples first")
+    epochs: int = Field(1, ge=1, le=20)
+    lr: float = Field(3e-5, gt=0.0)
+    batch_size: int = Field(4, ge=1)
+    seed: int = Field(0, ge=0, description="example sampling and shuffling")
+    max_examples: int = Field(0, ge=0, description="train on a random subset of this many "
+                              "examples; 0 = all (tests use a few)")
 
 
 class PipelineSection(Section):
@@ -317,6 +335,7 @@ class RunConfig(Section):
     scorer: ScorerSection = Field(default_factory=ScorerSection)
     learner: LearnerSection = Field(default_factory=LearnerSection)
     pipeline: PipelineSection = Field(default_factory=PipelineSection)
+    bootstrap: BootstrapSection = Field(default_factory=BootstrapSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     logging: LoggingSection = Field(default_factory=LoggingSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)

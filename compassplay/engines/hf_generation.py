@@ -149,7 +149,10 @@ class HFGenerationEngine(GenerationEngine):
                 tok = sample_next(logits, params.temperature, params.top_p, gen)
             else:  # templated: no end-of-sequence inside a segment; forced tokens override
                 masked = logits.index_fill(-1, eos_cols, float("-inf")) if len(eos_cols) \
-                    else logits
+                    else logits.clone()
+                for i, c in enumerate(cursors):
+                    if ban := c.banned():
+                        masked[i, ban] = float("-inf")
                 tok = sample_next(masked, params.temperature, params.top_p, gen)
                 forced = [(i, c.forced()) for i, c in enumerate(cursors) if c.forced() is not None]
                 if forced:

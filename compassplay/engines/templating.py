@@ -4,7 +4,8 @@ A `TemplateCursor` follows one completion through its `Segment`s: while a segmen
 engine samples (end-of-sequence masked); once the segment's stop string has appeared in the
 text sampled since the segment began (or its token cap is hit, which forces the stop string),
 the tokens of the segment's forced text are queued (after one of the segment's `ends`, or at
-its cap: a newline unless the text ends with one, the stop string, then the forced text) and emitted one per step, and after the
+its cap: a newline unless the text ends with one, the stop string, then the forced text). A free part is never empty: its first
+token may not be the first token of its stop string or of one of its ends. and emitted one per step, and after the
 last segment the end-of-sequence token. The engine asks `forced()` before sampling and calls
 `advance()` after each token. Pure Python over token ids; no model, no torch.
 """
@@ -34,6 +35,14 @@ class TemplateCursor:
         self.sampled = 0          # tokens sampled in the current segment
         self.queue: list[int] = []
         self.finished = False     # every segment and the final forced tokens are out
+
+    def banned(self) -> list[int]:
+        """Tokens the next step may not sample: at the start of a free segment, the first
+        token of its stop string and of each of its `ends` (no empty block)."""
+        if not self.free or self.sampled:
+            return []
+        seg = self.template[self.segment]
+        return sorted({ids[0] for s in (seg.stop, *seg.ends) if (ids := self.encode(s))})
 
     def forced(self) -> int | None:
         """The token the next step must emit, or None when the step samples freely."""

@@ -7,6 +7,7 @@ import shlex
 from pathlib import Path
 
 from compassplay.config import RunConfig
+from compassplay.models.bootstrap import prepare_bootstrap
 from compassplay.models.loading import prepare_model
 from compassplay.run.interrupt import StopRequest, graceful_stop, interrupted
 from compassplay.run.runlog import run_dir_for
@@ -31,6 +32,7 @@ def launch_run(cfg: RunConfig, executor: str = "ray", resume: str | None = None)
     with graceful_stop(hint) as stop:
         try:
             prepare_model(cfg.model)
+            prepare_bootstrap(cfg)  # the format bootstrap, once, before any role starts
             _execute(cfg, executor, run_dir, resume, stop)
         except KeyboardInterrupt:  # Ray's blocking calls turn a signal into KeyboardInterrupt
             raise interrupted(hint) from None

@@ -39,7 +39,10 @@ def run_summary(run_dir: str | Path) -> dict:
         "steps_with_eligible": sum(r["eligible"] > 0 for r in rows),
         "solver_accuracy": sum(r["solver_accuracy"] for r in rows) / n,
         "reward_mean": sum(r["reward_mean"] for r in rows) / n,
-        "seconds": sum(r.get("step_seconds", 0.0) for r in rows),
+        # wall seconds from the first step's start to the last step's end (steps overlap
+        # when pipeline.staleness > 0, so their seconds do not add up)
+        "seconds": (max(r.get("step_end", 0.0) for r in rows)
+                    - min(r.get("step_start", 0.0) for r in rows)) if rows else 0.0,
         "parse_failures": dict(parse.most_common()),
         "invalid_reasons": dict(invalid.most_common()),
         "per_step": [{k: r.get(k) for _, k, _ in COLUMNS} | {"proposals": r["proposals"]}
@@ -62,7 +65,7 @@ def format_summary(summary: dict, run_dir: str | Path, plot: Path | None = None)
     lines.append(f"valid proposals {s['valid']}/{s['proposals']} ({s['valid_rate']:.0%}), "
                  f"eligible per step {s['eligible_per_step']:.1f} "
                  f"({s['steps_with_eligible']}/{s['steps']} steps with some), solver accuracy "
-                 f"{s['solver_accuracy']:.0%}, {s['seconds']:.0f} s in steps")
+                 f"{s['solver_accuracy']:.0%}, {s['seconds']:.0f} s from first step to last")
     for title, key in (("parse failures", "parse_failures"), ("invalid", "invalid_reasons")):
         if s[key]:
             lines.append(f"{title}: " + ", ".join(f"{k} {v}" for k, v in s[key].items()))

@@ -6,6 +6,7 @@ Each actor of the Ray pipeline calls exactly one of these; the local executor ca
 from __future__ import annotations
 
 import copy
+import fnmatch
 import logging
 
 import torch
@@ -24,6 +25,7 @@ from compassplay.envs.interface import Environment
 from compassplay.envs.lean import LeanEnvironment
 from compassplay.rewards.batch import Example
 from compassplay.rewards.reference_set import load_reference
+from compassplay.rewards.subspace import last_blocks_globs
 from compassplay.step.prompting import reference_examples
 from compassplay.verifiers.lean_pool import LeanPool
 from compassplay.verifiers.python_sandbox import PythonSandbox
@@ -74,14 +76,41 @@ def make_env(cfg: RunConfig, backend: CodeRunner | LeanPool | None) -> Environme
                            num_references=cfg.proposer.num_references)
 
 
-def scorer_params(spec: str):
-    """'all' | 'glob1,glob2' | 'proj:DIM' (seeded random projection) -> GradientScorer params."""
+def param_globs(spec: str, model: torch.nn.Module) -> list[str] | None:
+    """'all' -> None (every parameter); 'last:K' -> the last K transformer blocks and the
+    final norm; 'glob1,glob2' -> those `named_parameters()` globs."""
     spec = spec.strip()
     if spec == "all":
-        return "all"
+        return None
+    if spec.startswith("last:"):
+        globs = last_blocks_globs(model, int(spec.split(":", 1)[1]))
+        prefix = globs[0].rsplit(".", 3)[0]  # e.g. "model" of "model.layers.29.*"
+        return globs + [f"{prefix}.norm.*"]
+    return [g.strip() for g in spec.split(",") if g.strip()]
+
+
+def scorer_params(spec: str, model: torch.nn.Module):
+    """'all' | 'last:K' | 'glob1,glob2' | 'proj:DIM' (seeded random projection) ->
+    GradientScorer params."""
+    spec = spec.strip()
     if spec.startswith("proj:"):
         return {"kind": "projection", "dim": int(spec.split(":", 1)[1]), "seed": 0}
-    return [g.strip() for g in spec.split(",") if g.strip()]
+    return param_globs(spec, model) or "all"
+
+
+def freeze_except(model: torch.nn.Module, spec: str, field: str) -> int:
+    """Leave only the parameters of `spec` (see `param_globs`) trainable; returns how many
+    parameters stay trainable. A spec that matches nothing is a ConfigError naming `field`."""
+    globs = param_globs(spec, model)
+    if globs is None:
+        return sum(p.numel() for p in model.parameters() if p.requires_grad)
+    keep = 0
+    for name, p in model.named_parameters():
+        p.requires_grad_(any(fnmatch.fnmatchcase(name, g) for g in globs))
+        keep += p.numel() if p.requires_grad else 0
+    if not keep:
+        raise ConfigError(f"{field}={spec!r}: no parameter of the model matches {globs}")
+    return keep
 
 
 def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Module,

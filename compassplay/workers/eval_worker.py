@@ -15,7 +15,7 @@ from compassplay.config import RunConfig
 from compassplay.engines.hf_generation import HFGenerationEngine
 from compassplay.eval.eval_records import EvalMetric
 from compassplay.eval.evaluator import Evaluator
-from compassplay.models import load_model
+from compassplay.models.bootstrap import load_policy
 from compassplay.step.graph import WeightsOffer
 from compassplay.step.timing import Timing, timed
 from compassplay.workers.builders import configure_torch, role_device, role_gpus
@@ -49,7 +49,7 @@ class EvalWorker(Versioned):
         self.cfg = cfg
         e = cfg.eval
         configure_torch(cfg)
-        model, tok = load_model(cfg.model, seed=cfg.run.seed)
+        model, tok = load_policy(cfg)  # base model (+ bootstrap)
         self.gpus = role_gpus(cfg, "eval")
         model = model.eval().to(role_device(cfg, "eval"))
         self.engine = HFGenerationEngine(model, tok)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compassplay.config import RunConfig, SamplingSection
 from compassplay.engines.vllm_generation import VLLMGenerationEngine
-from compassplay.models import load_model
+from compassplay.models.bootstrap import load_policy
 from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import (
@@ -31,7 +31,7 @@ class _GeneratorWorker(Versioned):
         self.cfg = cfg
         self.gpus = role_gpus(cfg, role)
         configure_torch(cfg)
-        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
         self.engine = make_generator(cfg, section, model, self.tok, role_device(cfg, role))
         self.env = make_env(cfg, None)
 

@@ -9,7 +9,7 @@ import torch
 
 from compassplay.config import RunConfig
 from compassplay.engines.factory import make_learner
-from compassplay.models import load_model
+from compassplay.models.bootstrap import load_policy
 from compassplay.records import StepStats
 from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from compassplay.step import stages
@@ -27,6 +27,7 @@ from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync.channel import NcclChannel, free_port, node_address, open_channel
 from compassplay.workers.builders import (
     configure_torch,
+    freeze_except,
     make_env,
     role_device,
     role_gpus,
@@ -57,8 +58,9 @@ class LearnerWorker:
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         configure_torch(cfg)
-        self.model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        self.model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
         self.model.to(role_device(cfg, "learner"))  # before the optimizer is built
+        freeze_except(self.model, cfg.learner.trainable, "learner.trainable")
         self._initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         # learner.kl_coef > 0: the KL term's frozen reference is the initial policy
         self.ref_model = frozen_copy(self.model) if cfg.learner.kl_coef > 0 else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from compassplay.config import ConfigError, RunConfig
-from compassplay.models import load_model
+from compassplay.models.bootstrap import load_policy
 from compassplay.records import Candidate
 from compassplay.rewards.gradient import GradientScorer, Partials
 from compassplay.rewards.local_reference import group_references, local_partials
@@ -48,10 +48,10 @@ class ScorerWorker(Versioned):
         self.shard, self.num_shards = shard, num_shards
         self.gpus = role_gpus(cfg, "scorer")
         configure_torch(cfg)
-        model, self.tok = load_model(cfg.model, seed=cfg.run.seed)
+        model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
         # scorer.dtype on the actor's device (partials accumulate in float64)
         model = model.to(role_device(cfg, "scorer"), SCORER_DTYPES[cfg.scorer.dtype])
-        params = scorer_params(cfg.scorer.params)
+        params = scorer_params(cfg.scorer.params, model)
         if cfg.scorer.shard_mode == "param_shard" and num_shards > 1:
             names = [n for n, p in model.named_parameters() if p.requires_grad]
             params = shard_names(names, shard, num_shards)

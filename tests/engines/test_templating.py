@@ -105,3 +105,29 @@ def test_cursor_ends_a_segment_early_and_closes_it_on_a_new_line(tokenizer):
     _feed(c, tokenizer, "3\n", comp)
     assert _drain(c, comp)[-1] == EOS and c.finished
     assert tokenizer.decode(comp[:-1]) == "x):\n    return x\n\n```\n```input\n3\n```"
+
+
+def test_a_free_block_is_never_empty(tokenizer):
+    c = _cursor(tokenizer, (Segment("```", "", 5, ends=("\n",)),))
+    stop_first = tokenizer.encode("```", add_special_tokens=False)[0]
+    nl = tokenizer.encode("\n", add_special_tokens=False)[0]
+    assert set(c.banned()) == {stop_first, nl}
+    comp: list[int] = []
+    _feed(c, tokenizer, "4", comp)
+    assert c.banned() == []  # once something is written, the block may close
+
+
+def test_engine_never_closes_a_block_at_once(model, tokenizer):
+    """Even a model that wants nothing but the closing fence first writes something."""
+    eng = HFGenerationEngine(model, tokenizer)
+    fence = tokenizer.encode("```", add_special_tokens=False)[0]
+
+    def fence_first(module, args, out):  # the fence's token overwhelmingly likely everywhere
+        out.logits[..., fence] = 1e4
+
+    model.register_forward_hook(fence_first)
+    gens = eng.generate([[5, 6], [7, 8, 9]], SamplingParams(
+        max_new_tokens=20, seed=0, template=(Segment("```", "", 6),)))
+    for g in gens:
+        assert g.completion_ids[0] != fence
+        assert g.completion_ids[1:] == tokenizer.encode("```", add_special_tokens=False) + [EOS]

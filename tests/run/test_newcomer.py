@@ -20,7 +20,8 @@ SMALL = ["pipeline.steps=1", "pipeline.staleness=0", "proposer.batch_size=1",
          "proposer.max_new_tokens=24", "solver.n_samples=2", "solver.max_new_tokens=12",
          "solver.seed_tasks_per_step=1", "reference.max_items=2", "logging.progress=false",
          "cluster.learner.num_cpus=0.25", "cluster.solver.num_cpus=0.25",
-         "cluster.proposer.num_cpus=0.25", "cluster.scorer.num_cpus=0.25"]
+         "cluster.proposer.num_cpus=0.25", "cluster.scorer.num_cpus=0.25",
+         "bootstrap.max_examples=6"]  # the default's format bootstrap, on a few examples
 
 
 def _fresh_env(home: Path) -> dict[str, str]:
@@ -43,9 +44,13 @@ def test_first_run_with_an_empty_cache_and_a_fresh_home(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "preparing SmolLM2-135M-Instruct" in proc.stderr  # converted, by the driver, once
     assert proc.stderr.count("preparing SmolLM2") == 1
+    assert proc.stderr.count("preparing format bootstrap") == 1  # trained once, by the driver
     cache = home / ".cache" / "compassplay"
-    assert sorted(p.name for p in cache.iterdir()) == [
-        "smollm2-135m-instruct", "smollm2-135m-instruct.lock"], "no stray temp files"
+    names = sorted(p.name for p in cache.iterdir())
+    boot = [n for n in names if n.startswith("bootstrap-") and not n.endswith(".lock")]
+    assert len(boot) == 1 and (cache / boot[0] / "COMPLETE.json").is_file()
+    assert names == sorted(["smollm2-135m-instruct", "smollm2-135m-instruct.lock", boot[0],
+                            f"{boot[0]}.lock"]), "no stray temp files"
     assert (cache / "smollm2-135m-instruct" / "COMPLETE.json").is_file()
     rows = (tmp_path / "runs" / "first" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [0]

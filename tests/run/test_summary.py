@@ -10,7 +10,8 @@ def _step(step, proposals, valid, eligible, parse=None, invalid=None):
                      eligible=eligible, solve_rate_mean=0.5, reward_mean=0.1 * step,
                      reward_std=0.0, reward_distinct=1, loss=0.01, grad_norm=1.0,
                      solver_accuracy=0.25 * step, parse_failures=parse or {},
-                     invalid_reasons=invalid or {}, step_seconds=30.0)
+                     invalid_reasons=invalid or {}, step_seconds=30.0,
+                     step_start=1000.0 + 20 * step, step_end=1030.0 + 20 * step)
 
 
 def test_summary_totals_and_text(tmp_path):
@@ -21,7 +22,7 @@ def test_summary_totals_and_text(tmp_path):
     s = run_summary(tmp_path)
     assert (s["steps"], s["proposals"], s["valid"]) == (2, 24, 9)
     assert s["valid_rate"] == 9 / 24 and s["eligible_per_step"] == 1.0
-    assert s["steps_with_eligible"] == 1 and s["seconds"] == 60.0
+    assert s["steps_with_eligible"] == 1 and s["seconds"] == 50.0  # overlapping steps
     assert s["parse_failures"] == {"no_input_block": 3}
     assert s["invalid_reasons"] == {"error:TypeError": 3}
     text = format_summary(s, tmp_path)
