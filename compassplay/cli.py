@@ -16,7 +16,7 @@ from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
 from compassplay.run.interrupt import EXIT_CODE
 
-BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline", "gpu")
+BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline", "gpu", "run")
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:

@@ -29,3 +29,15 @@ def test_summary_totals_and_text(tmp_path):
     assert "valid proposals 9/24 (38%)" in text and "6/12" in text
     assert "parse failures: no_input_block 3" in text
     assert str(tmp_path / METRICS_FILE) in text
+
+
+def test_bench_run_reports_a_finished_run_as_json(tmp_path, capsys):
+    import json
+
+    from compassplay.cli import main
+
+    (tmp_path / METRICS_FILE).write_text(_step(0, 12, 9, 4).model_dump_json() + "\n")
+    assert main(["bench", "run", "--run-dir", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["valid_rate"] == 0.75 and out["eligible_per_step"] == 4.0
+    assert out["run_dir"] == str(tmp_path) and out["per_step"][0]["valid"] == 9
