@@ -398,20 +398,50 @@ def resolve_config(path: str | Path) -> Path:
                       f"{', '.join(shipped_configs())})")
 
 
+def merge_sections(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` laid on `base`: mappings merge key by key (recursively), anything else replaces."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_sections(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def read_config_file(path: str | Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The sections of a config file, laid over its `base:` config when it names one (a
+    shipped config's name, or a path relative to the file); bases may chain, not loop."""
+    p = resolve_config(path)
+    if p.resolve() in chain:
+        names = " -> ".join(str(c) for c in (*chain, p.resolve()))
+        raise ConfigError(f"{p}: base configs form a loop: {names}")
+    try:
+        loaded = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: top level must be a mapping of sections")
+    data = dict(loaded or {})
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"{p}: base: must name a config (got {base!r})")
+    beside = p.parent / base
+    target = beside if beside.is_file() else Path(base)
+    try:
+        parent = read_config_file(target, (*chain, p.resolve()))
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: base: {exc}") from None
+    return merge_sections(parent, data)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> RunConfig:
     """Load a RunConfig from YAML `path` or a shipped config's name (None = all defaults)
-    plus `overrides` 'a.b=value'."""
+    plus `overrides` 'a.b=value'. A file may start from another with `base: NAME`."""
     source = str(path) if path else "<defaults>"
-    data: dict[str, Any] = {}
-    if path:
-        p = resolve_config(path)
-        try:
-            loaded = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: top level must be a mapping of sections")
-        data = loaded or {}
+    data: dict[str, Any] = read_config_file(path) if path else {}
     for item in overrides or []:
         if "=" not in item:
             raise ConfigError(f"override '{item}' must look like KEY=VALUE (e.g. pipeline.steps=2)")

@@ -95,3 +95,54 @@ def test_laptop_configs_fit_a_two_cpu_cluster(name):
         asked = sum(r.get("CPU", 0.0) for r in requests(cfg).values())
         assert asked <= 2.0, (name, extra, requests(cfg))
         assert all(r.get("GPU", 0.0) == 0 for r in requests(cfg).values())
+
+
+# The paper's coding comparison (issue 14 item 7): one config per compared proposer reward, each
+# the cosine config with only the reward (and the run name) changed.
+PAPER_SCALE = {"paper_coding_7b": "cosine", "baseline_difficulty_7b": "difficulty",
+               "baseline_soar_7b": "soar", "baseline_novelty_7b": "novelty",
+               "ablation_cos_novelty_7b": "cos_novelty"}
+
+
+@pytest.mark.parametrize("name,kind", sorted(PAPER_SCALE.items()))
+def test_paper_scale_configs_differ_from_the_cosine_run_only_in_the_reward(name, kind):
+    cfg = load_config(name).model_dump(mode="json")
+    ref = load_config("paper_coding_7b").model_dump(mode="json")
+    assert cfg["reward"]["kind"] == kind and cfg["run"]["name"] == name
+    assert cfg["model"]["name_or_path"] == "Qwen/Qwen2.5-Coder-7B"
+    # AZR's settings: 64 proposals per task type, K=6 references, 8 solver rollouts.
+    assert (cfg["proposer"]["batch_size"], cfg["proposer"]["num_references"],
+            cfg["solver"]["n_samples"]) == (64, 6, 8)
+    for section in ref:
+        if section not in ("run", "reward"):
+            assert cfg[section] == ref[section], section
+    reward_diff = {k for k in ref["reward"] if cfg["reward"][k] != ref["reward"][k]}
+    assert reward_diff <= {"kind", "soar_lr", "soar_groups", "soar_inner_steps"}
+
+
+def test_base_config_is_merged_section_by_section(tmp_path):
+    (tmp_path / "parent.yaml").write_text("base: micro\npipeline: {steps: 9}\n"
+                                          "reward: {kind: inner, eta: 0.5}\n")
+    (tmp_path / "child.yaml").write_text("base: parent.yaml\nreward: {kind: novelty}\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    micro = load_config("micro")
+    assert cfg.pipeline.steps == 9                    # from the parent
+    assert cfg.reward.kind == "novelty" and cfg.reward.eta == 0.5   # merged key by key
+    assert cfg.model == micro.model                   # from the shipped grandparent
+    assert load_config(tmp_path / "child.yaml", ["pipeline.steps=3"]).pipeline.steps == 3
+
+
+def test_bad_base_names_the_file(tmp_path):
+    loop_a, loop_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    loop_a.write_text("base: b.yaml\n")
+    loop_b.write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"a.yaml: base: .*b.yaml: base: .*loop"):
+        load_config(loop_a)
+    missing = tmp_path / "m.yaml"
+    missing.write_text("base: no_such_config\n")
+    with pytest.raises(ConfigError, match=r"m.yaml: base: config file not found: no_such_config"):
+        load_config(missing)
+    wrong = tmp_path / "w.yaml"
+    wrong.write_text("base: [micro]\n")
+    with pytest.raises(ConfigError, match=r"w.yaml: base: must name a config"):
+        load_config(wrong)

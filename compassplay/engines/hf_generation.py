@@ -33,10 +33,16 @@ def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _cache_of(out: Any) -> Any:
+def kv_cache_of(out: Any) -> Any:
     """The KV cache of a forward output (`cache` in transformers >= 5.x, else past_key_values)."""
     cache = getattr(out, "cache", None)
     return cache if cache is not None else out.past_key_values
+
+
+def cache_arg(model: torch.nn.Module) -> str:
+    """The forward keyword that takes a KV cache: `cache` (transformers 5.x) or past_key_values."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else \
+        "past_key_values"
 
 
 class HFGenerationEngine(GenerationEngine):
@@ -63,8 +69,7 @@ class HFGenerationEngine(GenerationEngine):
         self.template_eos = eos_list[0] if eos_list else None  # forced after a template
         self._version = weight_version
         self._lock = threading.RLock()
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"  # transformers 5.x
+        self._cache_arg = cache_arg(model)
 
     @property
     def weight_version(self) -> int:
@@ -179,5 +184,5 @@ class HFGenerationEngine(GenerationEngine):
             mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=dev)], dim=1)
             pos = pos[:, -1:] + 1
             out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                             use_cache=True, **{self._cache_arg: _cache_of(out)})
+                             use_cache=True, **{self._cache_arg: kv_cache_of(out)})
         return list(zip(comp, lps, strict=True)), reasons

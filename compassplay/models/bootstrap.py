@@ -12,7 +12,7 @@ set exactly as the run renders them (`step.prompting`: chat template, prefilled 
 * solver, every type: the prompt is a seed task; the reply is its gold answer.
 
 Seeds only (never benchmark items). Loss on reply tokens only; the prompt runs without
-gradient as a KV cache (`warm_micro._forward_loss`). The result is cached once under the
+gradient as a KV cache (`models.sft.completion_loss`). The result is cached once under the
 model cache directory, keyed by the base model, the rendered examples and the recipe, and
 built by the first process that needs it (`models.cache.prepare_cached`, concurrency-safe);
 every role then loads the same weights.
@@ -36,7 +36,7 @@ from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code import code_prompts as prompts
 from compassplay.models.cache import prepare_cached
 from compassplay.models.loading import load_model, model_cache_dir
-from compassplay.models.warm_micro import Example, _forward_loss
+from compassplay.models.sft import SFTExample, completion_loss
 from compassplay.records import Task
 from compassplay.step.prompting import prefix_of, prompt_ids
 
@@ -53,11 +53,8 @@ def _reply(prefix: str, full: str) -> str:
     return full[len(prefix):]
 
 
-def _fence(tag: str, body: str) -> str:
-    return f"```{tag}\n{body.strip()}\n```"
 
-
-def examples(cfg: RunConfig, tokenizer, rng: random.Random) -> list[Example]:
+def examples(cfg: RunConfig, tokenizer, rng: random.Random) -> list[SFTExample]:
     """The (prompt, reply) pairs of the recipe, token ids as the run builds them."""
     env = CodeEnvironment(cfg.task, None, seed=cfg.run.seed,
                           num_references=cfg.proposer.num_references)
@@ -65,22 +62,22 @@ def examples(cfg: RunConfig, tokenizer, rng: random.Random) -> list[Example]:
     io = [t for t in seeds if t.task_type != "induction" and t.program.startswith("def f(")]
     ind = [t for t in seeds if t.task_type == "induction"
            and len(t.inputs) >= env.induction_inputs]
-    out: list[Example] = []
+    out: list[SFTExample] = []
     eos = [tokenizer.eos_token_id]
 
     def add(kind: str, role: str, task_type: str, text: str, full: str) -> None:
         prefix = prefix_of(env, cfg, role, task_type)
         target = tokenizer.encode(_reply(prefix, full), add_special_tokens=False) + eos
-        out.append(Example(kind, prompt_ids(tokenizer, text, prefix), target))
+        out.append(SFTExample(kind, prompt_ids(tokenizer, text, prefix), target))
 
     for task_type in cfg.task.types:
         if task_type == "induction":
             for t in ind:
                 text = prompts.proposer_induction_prompt(t.program, env.induction_inputs,
                                                          cfg.task.answer_format)
-                blocks = [_fence("input", x) for x in t.inputs[:env.induction_inputs]]
+                blocks = [prompts.fence("input", x) for x in t.inputs[:env.induction_inputs]]
                 add("propose", "proposer", task_type, text,
-                    "\n".join(blocks + [_fence("message", t.message or "Find the rule.")]))
+                    "\n".join(blocks + [prompts.fence("message", t.message or "Find the rule.")]))
             continue
         for t in io:  # a different seed than the ones shown: write something new
             refs = rng.sample([s for s in io if s.task_id != t.task_id],
@@ -88,7 +85,7 @@ def examples(cfg: RunConfig, tokenizer, rng: random.Random) -> list[Example]:
             text = prompts.proposer_io_prompt(task_type, refs, env.banned,
                                               cfg.task.answer_format)
             add("propose", "proposer", task_type, text,
-                _fence("python", t.program) + "\n" + _fence("input", t.inputs[0]))
+                prompts.fence("python", t.program) + "\n" + prompts.fence("input", t.inputs[0]))
     for task_type in cfg.task.types:
         pool = ind if task_type == "induction" else io
         for t in pool:
@@ -97,7 +94,7 @@ def examples(cfg: RunConfig, tokenizer, rng: random.Random) -> list[Example]:
                 task = _induction_task(task, env)
             kind = {"deduction": "output", "abduction": "input", "induction": "python"}[task_type]
             add("solve", "solver", task_type, env.solver_prompt(task),
-                _fence(kind, env.gold_answer_text(task)))
+                prompts.fence(kind, env.gold_answer_text(task)))
     if cfg.bootstrap.max_examples and len(out) > cfg.bootstrap.max_examples:
         out = rng.sample(out, cfg.bootstrap.max_examples)
     return out
@@ -109,7 +106,7 @@ def _induction_task(t: Task, env: CodeEnvironment) -> Task:
     return t.model_copy(update={"inputs": t.inputs[:n], "outputs": t.outputs[:n]})
 
 
-def cache_key(cfg: RunConfig, exs: list[Example]) -> str:
+def cache_key(cfg: RunConfig, exs: list[SFTExample]) -> str:
     """Base model + rendered examples + recipe -> a short hex key."""
     h = hashlib.sha256()
     m = cfg.model
@@ -120,7 +117,7 @@ def cache_key(cfg: RunConfig, exs: list[Example]) -> str:
     return h.hexdigest()[:16]
 
 
-def train(model: torch.nn.Module, exs: list[Example], pad_id: int, boot: BootstrapSection,
+def train(model: torch.nn.Module, exs: list[SFTExample], pad_id: int, boot: BootstrapSection,
           seed: int) -> list[float]:
     """AdamW over `boot.epochs` shuffled epochs of `boot.batch_size`; mean loss per epoch."""
     rng = random.Random(seed)
@@ -137,7 +134,7 @@ def train(model: torch.nn.Module, exs: list[Example], pad_id: int, boot: Bootstr
         rng.shuffle(batches)
         total = 0.0
         for k, batch in enumerate(batches):
-            loss = _forward_loss(model, batch, pad_id)
+            loss = completion_loss(model, batch, pad_id)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()

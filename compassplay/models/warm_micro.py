@@ -30,12 +30,10 @@ from __future__ import annotations
 
 import argparse
 import ast
-import inspect
 import logging
 import math
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,6 +43,7 @@ from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code import code_prompts as prompts
 from compassplay.envs.code.programs import check_input, normalize_value, values_equal
 from compassplay.models.loading import load_tiny
+from compassplay.models.sft import SFTExample, completion_loss, save_tokenizer
 from compassplay.records import Task
 from compassplay.step.prompting import chat_ids, target_ids
 
@@ -60,13 +59,6 @@ OTHER_PER_EPOCH = 8            # proposer prompts per epoch whose reference is n
 BATCH = {"propose_io": 2, "propose_io_other": 2, "propose_induction": 4, "solve": 8}
 PEAK_LR = 3e-3
 WARMUP = 30
-
-
-@dataclass
-class Example:
-    kind: str
-    prompt: list[int]
-    target: list[int]
 
 
 # ------------------------------------------------------------------ induction inputs
@@ -149,16 +141,14 @@ def induction_tasks(env: CodeEnvironment, io: list[Task], ind: list[Task]) -> li
 
 
 # ------------------------------------------------------------------ SFT pairs
-def _fence(tag: str, body: str) -> str:
-    return f"```{tag}\n{body.strip()}\n```"
-
 
 def io_proposal_text(task: Task) -> str:
-    return _fence("python", task.program) + "\n" + _fence("input", task.inputs[0])
+    return prompts.fence("python", task.program) + "\n" + prompts.fence("input", task.inputs[0])
 
 
 def induction_proposal_text(task: Task) -> str:
-    return "\n".join([_fence("input", x) for x in task.inputs] + [_fence("message", task.message)])
+    blocks = [prompts.fence("input", x) for x in task.inputs]
+    return "\n".join(blocks + [prompts.fence("message", task.message)])
 
 
 def _check_parses(env: CodeEnvironment, task_type: str, text: str, seed: Task,
@@ -183,7 +173,7 @@ def _distractor(task: Task, others: list[Task], env: CodeEnvironment) -> str:
     raise ValueError(f"no distractor for {task.task_id}")
 
 
-def sft_examples(env: CodeEnvironment, tokenizer) -> list[Example]:
+def sft_examples(env: CodeEnvironment, tokenizer) -> list[SFTExample]:
     """Proposer and solver (prompt, completion) pairs.
 
     Proposer prompts show every deduction/abduction seed as the reference (as a run does);
@@ -194,7 +184,7 @@ def sft_examples(env: CodeEnvironment, tokenizer) -> list[Example]:
     io, ind = training_seeds(env)
     proposed_ind = induction_tasks(env, io, ind)
     chosen = {t.task_id for t in io}
-    out: list[Example] = []
+    out: list[SFTExample] = []
     for offset, task_type in enumerate(("deduction", "abduction")):
         others = 0
         for ref in (t for t in env.buffer if t.task_type != "induction"):
@@ -207,14 +197,14 @@ def sft_examples(env: CodeEnvironment, tokenizer) -> list[Example]:
             _check_parses(env, task_type, text, target, target.inputs)
             shown = ref.model_copy(update={"task_type": task_type})
             prompt = prompts.proposer_io_prompt(task_type, [shown], banned, fmt)
-            out.append(Example(kind, chat_ids(tokenizer, prompt), target_ids(tokenizer, text)))
+            out.append(SFTExample(kind, chat_ids(tokenizer, prompt), target_ids(tokenizer, text)))
     by_id = {t.task_id: t for t in env.buffer}
     for task in proposed_ind:
         seed = by_id[task.seed_ids[0]]
         text = induction_proposal_text(task)
         _check_parses(env, "induction", text, seed, task.inputs)
         prompt = prompts.proposer_induction_prompt(seed.program, env.induction_inputs, fmt)
-        out.append(Example("propose_induction", chat_ids(tokenizer, prompt),
+        out.append(SFTExample("propose_induction", chat_ids(tokenizer, prompt),
                            target_ids(tokenizer, text)))
     solve_sets = [[t.model_copy(update={"task_type": tt}) for t in io]
                   for tt in ("deduction", "abduction")] + [proposed_ind + ind]
@@ -222,12 +212,12 @@ def sft_examples(env: CodeEnvironment, tokenizer) -> list[Example]:
         for task in tasks:
             prompt = chat_ids(tokenizer, env.solver_prompt(task))
             for answer in (env.gold_answer_text(task), _distractor(task, tasks, env)):
-                out.append(Example("solve", prompt, target_ids(tokenizer, answer)))
+                out.append(SFTExample("solve", prompt, target_ids(tokenizer, answer)))
     return out
 
 
 # ------------------------------------------------------------------ training
-def _batches(examples: list[Example], rng: random.Random) -> list[list[Example]]:
+def _batches(examples: list[SFTExample], rng: random.Random) -> list[list[SFTExample]]:
     """One epoch: each kind shuffled and chunked by its batch size, chunks shuffled."""
     chunks = []
     for kind, size in BATCH.items():
@@ -240,46 +230,6 @@ def _batches(examples: list[Example], rng: random.Random) -> list[list[Example]]
     return chunks
 
 
-def _cache_of(out):
-    """The KV cache of a forward output (`cache` in transformers >= 5, else past_key_values)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-def _forward_loss(model, batch: list[Example], pad_id: int) -> torch.Tensor:
-    """Mean cross-entropy over completion tokens.
-
-    The prompt (all but its last token) runs without gradient and is passed as the KV cache,
-    which makes a step ~2x cheaper; the completion, preceded by the last prompt token (whose
-    logits predict the first completion token), runs with gradient. Prompts are left-padded
-    and completions right-padded; positions count real tokens only, as in generation.
-    """
-    heads = [e.prompt[:-1] for e in batch]
-    tails = [e.prompt[-1:] + e.target for e in batch]
-    hp, tl = max(len(h) for h in heads), max(len(t) for t in tails)
-    hid = torch.full((len(batch), hp), pad_id, dtype=torch.long)
-    hmask = torch.zeros((len(batch), hp), dtype=torch.long)
-    tid = torch.full((len(batch), tl), pad_id, dtype=torch.long)
-    tmask = torch.zeros((len(batch), tl), dtype=torch.long)
-    labels = torch.full((len(batch), tl), -100, dtype=torch.long)
-    for r, (h, t) in enumerate(zip(heads, tails, strict=True)):
-        hid[r, hp - len(h):] = torch.tensor(h)
-        hmask[r, hp - len(h):] = 1
-        tid[r, :len(t)] = torch.tensor(t)
-        tmask[r, :len(t)] = 1
-        labels[r, :len(t) - 1] = torch.tensor(t[1:])
-    mask = torch.cat([hmask, tmask], dim=1)
-    pos = (mask.cumsum(1) - 1).clamp(min=0)
-    with torch.no_grad():
-        cache = _cache_of(model(input_ids=hid, attention_mask=hmask, position_ids=pos[:, :hp],
-                                   use_cache=True))
-    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    logits = model(input_ids=tid, attention_mask=mask, position_ids=pos[:, hp:],
-                   use_cache=False, **{arg: cache}).logits
-    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(),
-                                             ignore_index=-100)
-
-
 def _lr(step: int, steps: int) -> float:
     if step < WARMUP:
         return PEAK_LR * (step + 1) / WARMUP
@@ -287,14 +237,14 @@ def _lr(step: int, steps: int) -> float:
     return PEAK_LR * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def train(model, examples: list[Example], pad_id: int, steps: int, seed: int,
+def train(model, examples: list[SFTExample], pad_id: int, steps: int, seed: int,
           log_every: int = 50) -> float:
     """AdamW on completion tokens for `steps` batches; returns the last logged mean loss."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=PEAK_LR, betas=(0.9, 0.98),
                             weight_decay=0.0)
     model.train()
-    queue: list[list[Example]] = []
+    queue: list[list[SFTExample]] = []
     window, last, t0 = [], float("nan"), time.time()
     for step in range(steps):
         if not queue:
@@ -302,7 +252,7 @@ def train(model, examples: list[Example], pad_id: int, steps: int, seed: int,
         batch = queue.pop()
         for g in opt.param_groups:
             g["lr"] = _lr(step, steps)
-        loss = _forward_loss(model, batch, pad_id)
+        loss = completion_loss(model, batch, pad_id)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -338,7 +288,7 @@ def build_warm_micro(out_dir: Path, steps: int = DEFAULT_STEPS, seed: int = 0,
         log.info("final loss %.4f", loss)
         out_dir.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out_dir, safe_serialization=True)
-        tok.save_pretrained(out_dir)
+        save_tokenizer(tok, out_dir)
     finally:
         torch.set_num_threads(threads)
     return out_dir

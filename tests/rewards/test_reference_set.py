@@ -33,6 +33,6 @@ def test_custom_file_and_errors_name_file_and_line(tmp_path):
 def test_the_paper_configs_use_the_shipped_32_math_problems():
     from compassplay.config import load_config
 
-    for name in ("paper_coding_7b", "baseline_difficulty_7b"):
+    for name in ("paper_coding_7b", "baseline_difficulty_7b", "baseline_soar_7b"):
         items = load_reference(load_config(name).reference.path)
         assert len(items) == 32 and all("\\boxed" in it.solution for it in items)

@@ -34,17 +34,18 @@ def _think_note(answer_format: str) -> str:
     return ""
 
 
-def _fence(tag: str, body: str) -> str:
+def fence(tag: str, body: str) -> str:
+    """A markdown code block tagged `tag` (python, input, output, message)."""
     return f"```{tag}\n{body.strip()}\n```"
 
 
 def reference_block(i: int, task: Task) -> str:
     """One reference task as shown to the proposer."""
-    parts = [f"Reference {i}:", _fence("python", task.program)]
+    parts = [f"Reference {i}:", fence("python", task.program)]
     if task.inputs:
-        parts.append(_fence("input", task.inputs[0]))
+        parts.append(fence("input", task.inputs[0]))
     if task.outputs:
-        parts.append(_fence("output", task.outputs[0]))
+        parts.append(fence("output", task.outputs[0]))
     return "\n".join(parts)
 
 
@@ -59,14 +60,14 @@ def proposer_io_prompt(task_type: str, refs: list[Task], banned: list[str],
                   ""]
         lines += [reference_block(i + 1, t) + "\n" for i, t in enumerate(refs)]
     lines += ["Reply with exactly two fenced blocks, the program and the input:",
-              _fence("python", "def f(...):\n    ..."), _fence("input", "...")]
+              fence("python", "def f(...):\n    ..."), fence("input", "...")]
     return "\n".join(lines) + _think_note(answer_format)
 
 
 def proposer_induction_prompt(program: str, n_inputs: int, answer_format: str) -> str:
     """Induction proposal: inputs for a given program plus a message that hints at it."""
     lines = [
-        "Here is a Python function `f`:", _fence("python", program), "",
+        "Here is a Python function `f`:", fence("python", program), "",
         f"Write {n_inputs} different inputs for `f` and a short message. Another person "
         "will see half of the inputs with their outputs plus your message, and must write "
         "the function; the other half checks their answer. Choose inputs that together "
@@ -74,14 +75,14 @@ def proposer_induction_prompt(program: str, n_inputs: int, answer_format: str) -
         "Each input is the argument list of one call, as Python literals, e.g. "
         "`[3, 1, 2], 'abc'`.", "",
         f"Reply with {n_inputs} ```input blocks and one ```message block:",
-        _fence("input", "..."), _fence("input", "..."), "...", _fence("message", "..."),
+        fence("input", "..."), fence("input", "..."), "...", fence("message", "..."),
     ]
     return "\n".join(lines) + _think_note(answer_format)
 
 
 def _answer_note(kind: str, answer_format: str) -> str:
-    example = {"output": _fence("output", "..."), "input": _fence("input", "..."),
-               "code": _fence("python", "def f(...):\n    ...")}[kind]
+    example = {"output": fence("output", "..."), "input": fence("input", "..."),
+               "code": fence("python", "def f(...):\n    ...")}[kind]
     if answer_format == "think_answer":
         return ("Reason step by step inside <think> </think>, then give only the answer "
                 f"inside <answer> </answer>, e.g. <answer>\n{example}\n</answer>")
@@ -92,12 +93,12 @@ def solver_prompt(task: Task, answer_format: str) -> str:
     """The solver's user message for one task."""
     if task.task_type == "deduction":
         return "\n".join([
-            "Given this Python function:", _fence("python", task.program), "",
+            "Given this Python function:", fence("python", task.program), "",
             f"What does `f({task.inputs[0].strip()})` return? Write the value as a Python "
             "literal.", _answer_note("output", answer_format)])
     if task.task_type == "abduction":
         return "\n".join([
-            "Given this Python function:", _fence("python", task.program), "",
+            "Given this Python function:", fence("python", task.program), "",
             f"Find an input such that `f(<input>)` returns `{task.outputs[0].strip()}`. Write "
             "the arguments of the call as Python literals (e.g. `[1, 2], 'a'`).",
             _answer_note("input", answer_format)])
