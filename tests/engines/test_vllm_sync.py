@@ -206,3 +206,65 @@ def test_weight_sync_rank_offsets_never_collide():
                              "scorer.num_scorers=2"])
     assert receiver_sizes(cfg) == [2, 4, 1, 1]
     assert weight_sync_ranks(receiver_sizes(cfg)) == ([1, 3, 7, 8], 9)
+
+
+def test_make_generator_passes_vllm_options_and_role_needs_only_a_tokenizer(tmp_path,
+                                                                          monkeypatch):
+    from compassplay.models.byte_tokenizer import build_byte_tokenizer
+    from compassplay.workers import builders
+
+    build_byte_tokenizer().save_pretrained(tmp_path)  # no model weights: none are loaded
+    (tmp_path / "config.json").write_text("{}")
+    cfg = load_config(None, [
+        "model.source=local", f"model.name_or_path={tmp_path}", "model.dtype=bfloat16",
+        "run.seed=7", "solver.engine=vllm", "solver.tensor_parallel_size=2",
+        "solver.max_model_len=4096", "solver.enable_sleep_mode=true", "solver.sleep_level=2",
+        "solver.gpu_memory_utilization=0.7"])
+    tok = builders.load_tokenizer(cfg)
+    assert tok.encode("ab", add_special_tokens=False)
+    seen = {}
+    monkeypatch.setattr(builders, "make_generation_engine",
+                        lambda kind, model, tokenizer, **kw: seen.update(kind=kind, model=model,
+                                                                         **kw))
+    builders.make_generator(cfg, cfg.solver, None, tok)
+    assert seen == {"kind": "vllm", "model": str(tmp_path), "dtype": "bfloat16", "seed": 7,
+                    "gpu_memory_utilization": 0.7, "tensor_parallel_size": 2,
+                    "enable_sleep_mode": True, "sleep_level": 2, "max_model_len": 4096}
+
+
+def test_generator_role_receives_ipc_and_sleeps_after_generation():
+    from compassplay.workers.generator_workers import SolverWorker
+
+    cfg = load_config(None, ["solver.engine=vllm", "solver.enable_sleep_mode=true",
+                             "learner.weight_sync=ipc"])
+    role = SolverWorker.__new__(SolverWorker)  # no model, no environment needed here
+    llm = FakeLLM(_state(0.0))
+    role.cfg, role.section = cfg, cfg.solver
+    role.engine = _engine(llm, enable_sleep_mode=True)
+    role.after_generation()
+    assert role.engine.asleep
+    with publish({"fake-gpu-0": list(_state(1.0).items())}, 1) as update:
+        assert role.receive_ipc((1, update.path)) == 1
+        assert role.receive_ipc((1, update.path)) == 1  # already held: no second load
+    assert role.weight_version == 1 and not role.engine.asleep
+    assert _rpcs(llm).count("compassplay_load_ipc") == 1
+
+
+def test_ipc_config_checks():
+    from compassplay.config import ConfigError
+    from compassplay.sync.channel import check_weight_sync
+
+    with pytest.raises(ConfigError, match="learner.weight_sync=ipc.*proposer.engine=vllm"):
+        load_config(None, ["learner.weight_sync=ipc"])
+    with pytest.raises(ConfigError, match="solver.tensor_parallel_size must be 1"):
+        load_config(None, ["learner.weight_sync=ipc", "solver.engine=vllm",
+                           "solver.enable_sleep_mode=true", "solver.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*vllm options"):
+        load_config(None, ["proposer.tensor_parallel_size=2"])
+    cfg = load_config(None, ["learner.weight_sync=ipc", "solver.engine=vllm",
+                             "solver.enable_sleep_mode=true"])
+    with pytest.raises(ConfigError, match=r"cluster\.learner\.num_gpus, cluster\.solver"):
+        check_weight_sync(cfg, embedded=False)
+    check_weight_sync(load_config(None, [
+        "learner.weight_sync=ipc", "solver.engine=vllm", "solver.enable_sleep_mode=true",
+        "cluster.learner.num_gpus=0.5", "cluster.solver.num_gpus=0.5"]), embedded=False)
