@@ -2,7 +2,9 @@
 
 `learner.weight_sync=nccl` (GPU only) replaces the object-store path: after each update the
 learner broadcasts its weights once, in flat byte buckets of `learner.sync_bucket_mb`, over a
-group made of the learner (rank 0) and every receiver (proposer, solver, scorers: ranks 1..N);
+group made of the learner (rank 0) and every receiver (proposer, solver, scorers), each a
+block of ranks of its own (one per receiving process: a vLLM engine takes one per TP worker,
+`sync.ranks`);
 `engines.weight_sync.NCCLBroadcastSync` does the bucketing.
 
 Group construction: the channel builds a *standalone* process group, a `TCPStore` on the

@@ -24,12 +24,13 @@ import torch
 
 
 def share_tensor(t: torch.Tensor) -> tuple:
-    """A picklable handle to `t`: CUDA IPC for a CUDA tensor, the tensor itself on CPU."""
+    """A picklable handle to contiguous `t`: CUDA IPC for a CUDA tensor, the tensor itself on
+    CPU. The caller keeps `t` alive until every consumer is done."""
     if t.is_cuda:
         from torch.multiprocessing.reductions import reduce_tensor
 
-        return ("cuda", reduce_tensor(t.detach().contiguous()))
-    return ("cpu", t.detach().contiguous())
+        return ("cuda", reduce_tensor(t))
+    return ("cpu", t)
 
 
 def open_tensor(handle: tuple, device_index: int | None) -> torch.Tensor:
@@ -69,10 +70,13 @@ class IpcUpdate:
 
 def publish(by_device: dict[str, list[tuple[str, torch.Tensor]]], version: int) -> IpcUpdate:
     """Write the handle file of `version` for the GPUs (by UUID) in `by_device`."""
-    keep = [t for named in by_device.values() for _, t in named]
+    # the exact tensors the handles point to stay referenced until close()
+    flat = {uuid: [(name, t.detach().contiguous()) for name, t in named]
+            for uuid, named in by_device.items()}
+    keep = [t for named in flat.values() for _, t in named]
     payload = {"version": int(version),
                "by_device": {uuid: [(name, share_tensor(t)) for name, t in named]
-                             for uuid, named in by_device.items()}}
+                             for uuid, named in flat.items()}}
     folder = tempfile.mkdtemp(prefix="compassplay-ipc-")  # mode 0700: this user only
     path = os.path.join(folder, f"v{int(version)}.pkl")
     with open(path, "wb") as f:
