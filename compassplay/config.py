@@ -52,7 +52,17 @@ class ModelSection(Section):
 class SamplingSection(Section):
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="hf: transformers (CPU/GPU); vllm: GPU only, pip install compassplay[gpu]")
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vllm only")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vllm only: "
+                                          "fraction of each GPU vLLM may use")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm only: GPUs per engine "
+                                      "(set cluster.<role>.num_gpus to match)")
+    max_model_len: int = Field(0, ge=0, description="vllm only: context length (prompt + "
+                               "reply tokens); 0 = the model's")
+    enable_sleep_mode: bool = Field(False, description="vllm only: sleep after each "
+                                    "generation stage so a colocated learner gets the GPU "
+                                    "memory back (needed by learner.weight_sync=ipc)")
+    sleep_level: Literal[1, 2] = Field(1, description="vllm sleep mode: 1 offloads weights "
+                                       "to CPU, 2 drops them (the next update reloads all)")
     max_new_tokens: int = Field(128, ge=1)
     temperature: float = Field(1.0, gt=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -248,10 +258,12 @@ class LearnerSection(Section):
     trainable: str = Field("all", description="'all', 'last:K' (the last K transformer "
                            "blocks and the final norm) or comma-separated name globs: the "
                            "parameters the policy update trains (the rest stay frozen)")
-    weight_sync: Literal["object_store", "nccl"] = Field(
+    weight_sync: Literal["object_store", "nccl", "ipc"] = Field(
         "object_store", description="object_store: weights travel through Ray's object store "
-        "(CPU or GPU); nccl: bucketed NCCL broadcast from the learner to GPU generators/scorers "
-        "(GPU only, see deploy/README.md)")
+        "(CPU or GPU; a vLLM generator then hands them to its workers as CUDA IPC handles); "
+        "nccl: bucketed NCCL broadcast from the learner to GPU generators/scorers; ipc: vLLM "
+        "generators colocated on the learner's GPU open CUDA IPC handles of the learner's "
+        "weights and sleep between rollouts (GPU only, see deploy/README.md)")
     sync_bucket_mb: int = Field(256, ge=1, description="nccl: bytes per broadcast bucket (MiB)")
 
 
@@ -340,6 +352,33 @@ class RunConfig(Section):
     logging: LoggingSection = Field(default_factory=LoggingSection)
     cluster: ClusterSection = Field(default_factory=ClusterSection)
 
+    @model_validator(mode="after")
+    def _weight_sync_fits_engines(self) -> RunConfig:
+        vllm = [r for r in ("proposer", "solver") if getattr(self, r).engine == "vllm"]
+        if self.learner.weight_sync == "ipc":
+            if not vllm:
+                raise ValueError("learner.weight_sync=ipc: needs proposer.engine=vllm or "
+                                 "solver.engine=vllm (CUDA IPC feeds colocated vLLM engines)")
+            for r in vllm:
+                sec = getattr(self, r)
+                if sec.tensor_parallel_size != 1:
+                    raise ValueError(f"learner.weight_sync=ipc: {r}.tensor_parallel_size must "
+                                     "be 1 (the learner's one GPU holds the weights; use "
+                                     "learner.weight_sync=nccl for tensor parallelism)")
+                if not sec.enable_sleep_mode:
+                    raise ValueError(f"learner.weight_sync=ipc: set {r}.enable_sleep_mode="
+                                     "true (a colocated engine must free the GPU for the "
+                                     "learner)")
+            if not self.learner.shared_model:
+                raise ValueError("learner.weight_sync=ipc: needs learner.shared_model=true")
+        for r in ("proposer", "solver"):
+            sec = getattr(self, r)
+            if sec.engine != "vllm" and (sec.tensor_parallel_size != 1
+                                         or sec.enable_sleep_mode):
+                raise ValueError(f"{r}.tensor_parallel_size / {r}.enable_sleep_mode are "
+                                 f"vllm options, but {r}.engine={sec.engine}")
+        return self
+
 
 def _parse_value(text: str) -> Any:
     """A KEY=VALUE value is read as YAML (so 2 -> int, true -> bool, [a,b] -> list)."""
@@ -371,8 +410,9 @@ def _format_errors(err: ValidationError, source: str) -> str:
             lines.append(f"  {field}: unknown key")
         else:
             got = e.get("input")
-            got_s = "" if isinstance(got, dict) else f" (got {got!r})"
-            lines.append(f"  {field}: {e['msg']}{got_s}")
+            got_s = "" if isinstance(got, (dict, BaseModel)) else f" (got {got!r})"
+            msg = e["msg"].removeprefix("Value error, ") if not field else e["msg"]
+            lines.append(f"  {field}: {msg}{got_s}" if field else f"  {msg}")
     return "\n".join(lines)
 
 

@@ -73,6 +73,9 @@ class _Receiver(_Shell):
     def receive(self, version: int) -> int:
         return self.role.receive(version)
 
+    def receive_ipc(self, update: tuple[int, str]) -> int:
+        return self.role.receive_ipc(update)
+
 
 @ray.remote
 class ProposerActor(_Receiver):
@@ -124,6 +127,12 @@ class LearnerActor(_Shell):
 
     def broadcast(self, version: int | None = None) -> int:
         return self.role.broadcast(version)
+
+    def publish_ipc(self) -> tuple[int, str]:
+        return self.role.publish_ipc()
+
+    def release_ipc(self, *loaded: int) -> None:
+        self.role.release_ipc(*loaded)
 
     def steps_done(self) -> int:
         return self.role.steps_done

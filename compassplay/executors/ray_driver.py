@@ -14,7 +14,13 @@ With `learner.weight_sync=nccl` (GPU) the learner instead broadcasts each new ve
 proposer, solver and scorers over an NCCL group (`compassplay.sync.channel`): the driver
 pairs `learner.broadcast()` with `receive(v)` on every receiver, submitted together right
 after `learn(k)`, so each receiver takes version v before its next stage call (staleness then
-acts as 0: a receiver's next rollout waits for the broadcast).
+acts as 0: a receiver's next rollout waits for the broadcast). Ranks: the learner is 0, each
+receiver a block of its own, a vLLM engine one rank per TP worker (`sync.ranks`).
+
+With `learner.weight_sync=ipc` (vLLM engines colocated on the learner's GPU, sleeping between
+rollouts) the snapshot still goes through the object store for HF roles and scorers, and the
+driver pairs `learner.publish_ipc()` with `receive_ipc` on each vLLM generator, then
+`learner.release_ipc(...)` once they all loaded (the learner's next call waits for that).
 
 Evaluation during training (`eval.every_steps` = k > 0): after submitting every k-th step the
 driver hands the eval actor the same learner snapshot the gate gets (with nccl sync, an
@@ -52,6 +58,7 @@ from compassplay.run.runlog import RunLog
 from compassplay.step.graph import Role, StageCall, submit_step
 from compassplay.step.messages import StepResult
 from compassplay.sync.channel import check_weight_sync
+from compassplay.sync.ranks import receiver_sizes, weight_sync_ranks
 from compassplay.sync.version_gate import VersionGate
 from compassplay.workers.eval_worker import EvalReport, eval_due
 from compassplay.workers.learner_worker import (
@@ -121,6 +128,7 @@ class Pipeline:
         self.recorded: list[StepStats] = []
         self.recorded_at: list[float] = []
         self.nccl = cfg.learner.weight_sync == "nccl"
+        self.ipc = cfg.learner.weight_sync == "ipc"
         self.verifier_stats: dict[str, dict] = {}
         self.failures: dict[int, int] = {}  # step -> failures so far
         self._stats_refs: dict[str, Any] = {}
@@ -137,6 +145,10 @@ class Pipeline:
             for receiver in self._receivers():
                 receiver.receive.remote(version)
             return {"solver": (version, []), "proposer": (version, [])}
+        if self.ipc:
+            update = learner.publish_ipc.remote()
+            loaded = [a.receive_ipc.remote(update) for a in self._vllm_generators()]
+            learner.release_ipc.remote(*loaded)
         out = {}
         for role in ("solver", "proposer"):
             if role == "proposer" and self.cfg.learner.shared_model:
@@ -152,16 +164,22 @@ class Pipeline:
         self.gate.reset(after_step, self._snapshot())
 
     def _receivers(self) -> list[Any]:
+        """In `sync.ranks.receiver_sizes` order: proposer, solver, scorers."""
         return [self.actors.proposer, self.actors.solver, *self.actors.scorers]
 
+    def _vllm_generators(self) -> list[Any]:
+        return [a for a, sec in ((self.actors.proposer, self.cfg.proposer),
+                                 (self.actors.solver, self.cfg.solver)) if sec.engine == "vllm"]
+
     def _init_sync(self) -> None:
-        """Learner = rank 0, receivers = ranks 1..N; every member joins at once (collective)."""
+        """Learner = rank 0, each receiver a block of ranks (a vLLM engine one per TP worker,
+        `sync.ranks`); every member joins at once (collective)."""
         learner, receivers = self.actors.learner, self._receivers()
         addr, port = call_when_up(learner.sync_address, poll=self.stop.check)
-        world = len(receivers) + 1
+        offsets, world = weight_sync_ranks(receiver_sizes(self.cfg))
         ray.get([learner.init_sync.remote(addr, port, world)]
-                + [r.init_sync.remote(addr, port, rank, world)
-                   for rank, r in enumerate(receivers, start=1)])
+                + [r.init_sync.remote(addr, port, offset, world)
+                   for offset, r in zip(offsets, receivers, strict=True)])
 
     # ------------------------------------------------------------------------------- submit
     def _submit(self, step: int) -> InFlight:

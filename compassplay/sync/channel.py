@@ -2,7 +2,9 @@
 
 `learner.weight_sync=nccl` (GPU only) replaces the object-store path: after each update the
 learner broadcasts its weights once, in flat byte buckets of `learner.sync_bucket_mb`, over a
-group made of the learner (rank 0) and every receiver (proposer, solver, scorers: ranks 1..N);
+group made of the learner (rank 0) and every receiver (proposer, solver, scorers), each a
+block of ranks of its own (one per receiving process: a vLLM engine takes one per TP worker,
+`sync.ranks`);
 `engines.weight_sync.NCCLBroadcastSync` does the bucketing.
 
 Group construction: the channel builds a *standalone* process group, a `TCPStore` on the
@@ -53,6 +55,9 @@ def check_weight_sync(cfg: RunConfig, embedded: bool = True) -> None:
     loadable on CPU machines. `embedded`: the actors run on this machine (no Ray cluster
     address), so this machine needs CUDA; on a cluster the driver may sit on a CPU head node
     and each actor checks CUDA itself when it joins the group (`NcclChannel`)."""
+    if cfg.learner.weight_sync == "ipc":
+        _check_ipc(cfg, embedded)
+        return
     if cfg.learner.weight_sync != "nccl":
         return
     if embedded and not torch.cuda.is_available():
@@ -73,6 +78,27 @@ def check_weight_sync(cfg: RunConfig, embedded: bool = True) -> None:
     if cfg.pipeline.staleness > 0:
         log.warning("learner.weight_sync=nccl: receivers take each version as soon as it is "
                     "broadcast, so pipeline.staleness=%d acts as 0 (no rollout/learn overlap)",
+                    cfg.pipeline.staleness)
+
+
+def _check_ipc(cfg: RunConfig, embedded: bool) -> None:
+    """learner.weight_sync=ipc: the learner and the vLLM generators need GPUs (the config
+    already checked vLLM, TP 1, sleep mode and a shared model). Whether they share one GPU is
+    known only on the GPU: a vLLM worker on another GPU refuses the update, naming both."""
+    if embedded and not torch.cuda.is_available():
+        raise ConfigError("learner.weight_sync=ipc needs CUDA GPUs, but torch.cuda is not "
+                          "available here; use learner.weight_sync=object_store on CPU")
+    c = cfg.cluster
+    no_gpu = [name for name in ("learner", "proposer", "solver")
+              if (name == "learner" or getattr(cfg, name).engine == "vllm")
+              and getattr(c, name).num_gpus <= 0]
+    if no_gpu:
+        raise ConfigError("learner.weight_sync=ipc needs a GPU on the learner and on each vLLM "
+                          "generator (colocated: fractions of the same GPU); set "
+                          + ", ".join(f"cluster.{n}.num_gpus" for n in no_gpu) + " > 0")
+    if cfg.pipeline.staleness > 0:
+        log.warning("learner.weight_sync=ipc: vLLM generators take each version as soon as "
+                    "it is published, so pipeline.staleness=%d acts as 0 for them",
                     cfg.pipeline.staleness)
 
 

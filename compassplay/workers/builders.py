@@ -113,17 +113,49 @@ def freeze_except(model: torch.nn.Module, spec: str, field: str) -> int:
     return keep
 
 
-def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Module,
+def vllm_options(cfg: RunConfig, section: SamplingSection) -> dict:
+    """The `VLLMGenerationEngine` keyword arguments a role's config asks for."""
+    opts = {"dtype": cfg.model.dtype, "seed": cfg.run.seed,
+            "gpu_memory_utilization": section.gpu_memory_utilization,
+            "tensor_parallel_size": section.tensor_parallel_size,
+            "enable_sleep_mode": section.enable_sleep_mode,
+            "sleep_level": section.sleep_level}
+    if section.max_model_len:
+        opts["max_model_len"] = section.max_model_len
+    return opts
+
+
+def vllm_model_path(cfg: RunConfig) -> str:
+    """What vLLM loads itself (it needs model.source=local or hub)."""
+    if cfg.model.source not in ("local", "hub"):
+        raise ConfigError("proposer/solver.engine=vllm needs model.source=local or hub "
+                          "with model.name_or_path (vLLM loads the weights itself)")
+    if cfg.model.source == "local":
+        from compassplay.models.loading import resolve_local
+
+        return str(resolve_local(cfg.model.name_or_path))
+    return cfg.model.name_or_path
+
+
+def load_tokenizer(cfg: RunConfig):
+    """Only the tokenizer of `model.name_or_path` (a vLLM role needs no HF model copy)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(vllm_model_path(cfg),
+                                         local_files_only=cfg.model.source == "local")
+
+
+def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Module | None,
                    tokenizer, device: torch.device | str = "cpu") -> GenerationEngine:
-    """The role's generation engine: HF on its own copy of the weights on `device`, or vLLM
-    (GPU), which loads `model.name_or_path` itself and then receives weights in place by
-    version."""
+    """The role's generation engine: HF on its own copy of `model` on `device`, or vLLM
+    (GPU), which loads `model.name_or_path` itself (`model` unused, may be None) with the
+    dtype, seed, context length, tensor parallelism and sleep mode of the config, and then
+    receives weights in place by version."""
     if section.engine == "vllm":
-        if cfg.model.source not in ("local", "hub"):
-            raise ConfigError("proposer/solver.engine=vllm needs model.source=local or hub "
-                              "with model.name_or_path (vLLM loads the weights itself)")
-        return make_generation_engine("vllm", cfg.model.name_or_path, tokenizer,
-                                      gpu_memory_utilization=section.gpu_memory_utilization)
+        return make_generation_engine("vllm", vllm_model_path(cfg), tokenizer,
+                                      **vllm_options(cfg, section))
+    if model is None:
+        raise ValueError("engine 'hf' needs the model")
     return HFGenerationEngine(copy.deepcopy(model).to(device), tokenizer)
 
 

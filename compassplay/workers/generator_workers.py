@@ -16,6 +16,7 @@ from compassplay.step.messages import (
 from compassplay.step.timing import timed
 from compassplay.workers.builders import (
     configure_torch,
+    load_tokenizer,
     make_env,
     make_generator,
     role_device,
@@ -25,33 +26,63 @@ from compassplay.workers.versioned import Versioned, Weights
 
 
 class _GeneratorWorker(Versioned):
-    """A role that samples with its own generation engine (sampling settings: `section`)."""
+    """A role that samples with its own generation engine (sampling settings: `section`).
+
+    A vLLM role loads no HF model (vLLM loads `model.name_or_path` itself; the role only needs
+    its tokenizer) and takes weights in its engine's workers: NCCL broadcast, CUDA IPC from a
+    colocated learner, or the object store (the engine hands the state to its workers as CUDA
+    IPC handles). With `enable_sleep_mode` it sleeps after each generation stage."""
 
     def __init__(self, cfg: RunConfig, section: SamplingSection, role: str) -> None:
-        self.cfg = cfg
+        self.cfg, self.section = cfg, section
         self.gpus = role_gpus(cfg, role)
         configure_torch(cfg)
-        model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
+        if section.engine == "vllm":
+            model, self.tok = None, load_tokenizer(cfg)
+        else:
+            model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
         self.engine = make_generator(cfg, section, model, self.tok, role_device(cfg, role))
         self.env = make_env(cfg, None)
+
+    @property
+    def vllm(self) -> bool:
+        return isinstance(self.engine, VLLMGenerationEngine)
 
     def load_weights(self, weights: Weights, version: int) -> None:
         self.engine.load_weights(weights, version)
 
+    def after_generation(self) -> None:
+        """Give the GPU back to a colocated learner (vLLM sleep mode)."""
+        if self.vllm and self.section.enable_sleep_mode:
+            self.engine.sleep(self.section.sleep_level)
+
     def init_sync(self, addr: str, port: int, rank: int, world_size: int) -> None:
-        if isinstance(self.engine, VLLMGenerationEngine):  # its worker joins (tp size 1)
+        """`rank`: this role's rank offset; a vLLM engine's TP workers take rank ..
+        rank + TP - 1 (`sync.ranks.weight_sync_ranks`)."""
+        if self.vllm:
             self.engine.init_weight_broadcast(addr, port, rank, world_size)
         else:
             super().init_sync(addr, port, rank, world_size)
 
     def receive(self, version: int) -> int:
-        if not isinstance(self.engine, VLLMGenerationEngine):
+        if not self.vllm:
             return super().receive(version)
         # vLLM receives in its workers, loads in place and refuses older versions itself
         self.engine.receive_weights_broadcast(version, src=0,
                                               bucket_bytes=self.cfg.learner.sync_bucket_mb << 20)
-        self.weight_version = version
-        return version
+        self.weight_version = self.engine.weight_version
+        return self.weight_version
+
+    def receive_ipc(self, update: tuple[int, str]) -> int:
+        """learner.weight_sync=ipc: load the learner's CUDA IPC handles ((version, path) of
+        `LearnerWorker.publish_ipc`); returns the version held."""
+        version, path = update
+        if not self.vllm:
+            raise RuntimeError("receive_ipc on a role without a vLLM engine")
+        if version > self.weight_version:
+            self.engine.load_weights_ipc(path, version)
+            self.weight_version = self.engine.weight_version
+        return self.weight_version
 
 
 class ProposerWorker(_GeneratorWorker):
@@ -66,6 +97,7 @@ class ProposerWorker(_GeneratorWorker):
         self.accept(weights)
         with timed(self.gpus) as t:
             out = stages.propose(self.env, self.engine, self.tok, self.cfg, call.step)
+        self.after_generation()
         return Proposals(call.step, out.tasks, out.seed_tasks, t)
 
     def update_buffer(self, call: StageCall, parts: list[Validated]) -> int:
@@ -103,4 +135,5 @@ class SolverWorker(_GeneratorWorker):
         with timed(self.gpus) as t:
             attempts = stages.solve(self.env, self.engine, self.tok, self.cfg,
                                     Validated.merge(parts).solved, call.step)
+        self.after_generation()
         return AttemptBatch(attempts, t)

@@ -106,6 +106,29 @@ class LearnerWorker:
         self.channel.send(self.weights("solver"), version)
         return version
 
+    # learner.weight_sync=ipc: colocated vLLM engines open CUDA IPC handles of the weights
+    def publish_ipc(self) -> tuple[int, str]:
+        """Publish the current (shared-model) weights on this learner's GPU as CUDA IPC
+        handles (`sync.ipc`); returns (version, handle file). They stay alive until
+        `release_ipc`, which the driver calls after every receiver loaded them."""
+        from compassplay.engines.vllm_worker import device_uuid
+        from compassplay.sync.ipc import publish
+
+        self.release_ipc()
+        device = role_device(self.cfg, "learner")
+        if device.type != "cuda":
+            raise RuntimeError("learner.weight_sync=ipc: the learner has no GPU "
+                               "(cluster.learner.num_gpus > 0 and CUDA are needed)")
+        state = [(k, v.to(device)) for k, v in self.weights("solver").items()]
+        self._ipc = publish({device_uuid(device): state}, self.weight_version)
+        return self.weight_version, self._ipc.path
+
+    def release_ipc(self, *loaded: int) -> None:
+        """Drop the published handles (`loaded`: the receivers' results, waited on by Ray)."""
+        if getattr(self, "_ipc", None) is not None:
+            self._ipc.close()
+            self._ipc = None
+
     def restore(self, min_version: int = 0) -> dict | None:
         """Reload the latest checkpoint (or the initial weights when there is none); weight
         versions stay >= `min_version` so engines holding newer versions accept the rollback."""

@@ -56,6 +56,16 @@ def test_vllm_generate_update_sleep(tmp_path):
     eng.sleep(level=1)
     eng.wake_up()
     assert eng.generate([[1, 2, 3]], p)[0] == after
+    # colocated path: CUDA IPC handles of tensors on this process's GPU, while asleep
+    from compassplay.engines.vllm_worker import device_uuid
+    from compassplay.sync.ipc import publish
+
+    eng.sleep(level=1)
+    dev = torch.device("cuda", 0)
+    with publish({device_uuid(dev): [(k, v.to(dev)) for k, v in new.items()]}, 2) as update:
+        eng.load_weights_ipc(update.path, 2)
+    again = eng.generate([[1, 2, 3]], p)[0]
+    assert again.weight_version == 2 and again.completion_ids == after.completion_ids
     stop = eng.generate([[1, 2, 3]], SamplingParams(max_new_tokens=8, temperature=0.8, seed=1,
                                                      stop=[after.text[2:4]]))[0]
     assert stop.finish_reason == "stop"

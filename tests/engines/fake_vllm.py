@@ -1,0 +1,140 @@
+"""A CPU stand-in for ``vllm.LLM`` as `VLLMGenerationEngine` uses it.
+
+`FakeLLM(tp)` holds `tp` fake workers, each a `FakeWorker` (the real
+`WeightSyncWorkerExtension` mixed into a minimal worker: `rank`, `device`, `model_runner.model`),
+and speaks: ``collective_rpc(method, args)`` (every worker, concurrently like vLLM's TP ranks;
+any tensor in `args` fails, as it would after vLLM's msgpack encoding), ``sleep(level)``,
+``wake_up(tags)``, ``reset_prefix_cache()``, ``generate(...)``, ``get_tokenizer()``. Every call is
+appended to `log`. Workers join the weight group over gloo (`StoreBroadcaster`) instead of
+PyNccl, and report ``fake-gpu-<rank>`` as their GPU UUID.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+from compassplay.engines.vllm_worker import WeightSyncWorkerExtension
+from compassplay.sync.channel import StoreBroadcaster
+
+MSGPACK_TYPES = (str, int, float, bool, bytes, type(None))
+
+
+def assert_msgpack_plain(value: Any, where: str) -> None:
+    """What survives vLLM's msgpack encoding with its meaning: plain values, lists, dicts."""
+    if isinstance(value, torch.Tensor):
+        raise AssertionError(f"{where}: a torch.Tensor in collective_rpc args (msgpack would "
+                             "turn it into a list)")
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            assert_msgpack_plain(v, where)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            assert_msgpack_plain(k, where)
+            assert_msgpack_plain(v, where)
+    elif not isinstance(value, MSGPACK_TYPES):
+        raise AssertionError(f"{where}: {type(value).__name__} in collective_rpc args")
+
+
+class FakeModel:
+    """`load_weights(weights=[(name, tensor)])` into a dict; fails on `fail_on` names or when
+    its weights are asleep (vLLM's weights memory not mapped)."""
+
+    def __init__(self, state: dict[str, torch.Tensor], llm: FakeLLM) -> None:
+        self.params = {k: v.clone() for k, v in state.items()}
+        self.llm, self.fail_on = llm, set()
+
+    def load_weights(self, weights) -> None:
+        if not self.llm.weights_awake:
+            raise AssertionError("load_weights while the weights are asleep")
+        for name, t in weights:
+            if name in self.fail_on:
+                raise RuntimeError(f"injected load failure at {name}")
+            self.params[name].copy_(t)
+
+
+class FakeWorker(WeightSyncWorkerExtension):
+    def __init__(self, rank: int, state: dict[str, torch.Tensor], llm: FakeLLM) -> None:
+        self.rank, self.device = rank, torch.device("cpu")
+        self.model_runner = SimpleNamespace(model=FakeModel(state, llm))
+        self.joined: tuple | None = None
+
+    def _compassplay_uuid(self) -> str:
+        return f"fake-gpu-{self.rank}"
+
+    def _compassplay_join(self, host: str, port: int, rank: int, world_size: int) -> Any:
+        self.joined = (rank, world_size)
+        return StoreBroadcaster(host, port, rank, world_size, "gloo",
+                                datetime.timedelta(seconds=60))
+
+
+class FakeLLM:
+    def __init__(self, state: dict[str, torch.Tensor], tp: int = 1) -> None:
+        self.log: list[tuple] = []
+        self.weights_awake = self.kv_awake = True
+        self.workers = [FakeWorker(r, state, self) for r in range(tp)]
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
+        assert_msgpack_plain(args, f"collective_rpc({method!r})")
+        self.log.append(("rpc", method))
+        out: list[Any] = [None] * len(self.workers)
+        errors: list[BaseException] = []
+
+        def run(i: int) -> None:
+            try:
+                out[i] = getattr(self.workers[i], method)(*args)
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(self.workers))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        if errors:
+            raise errors[0]
+        assert_msgpack_plain(out, f"collective_rpc({method!r}) result")
+        return out
+
+    def sleep(self, level: int = 1) -> None:
+        self.log.append(("sleep", level))
+        self.weights_awake = self.kv_awake = False
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.log.append(("wake_up", tags))
+        for tag in tags or ["weights", "kv_cache"]:
+            if tag == "weights":
+                self.weights_awake = True
+            else:
+                self.kv_awake = True
+
+    def reset_prefix_cache(self) -> None:
+        self.log.append(("reset_prefix_cache",))
+
+    def get_tokenizer(self) -> None:
+        return None
+
+    def generate(self, prompts, params, use_tqdm: bool = False):
+        assert self.weights_awake and self.kv_awake, "generate while asleep"
+        self.log.append(("generate", len(prompts)))
+        first = self.workers[0].model_runner.model.params
+        tok = int(next(iter(first.values())).flatten()[0].item() * 1000) % 100
+        step = {tok: SimpleNamespace(logprob=-0.5)}
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[tok], logprobs=[step],
+                                                         text=str(tok), finish_reason="stop")])
+                for _ in prompts]
+
+
+class FakeLLMNoTags(FakeLLM):
+    """An older vLLM whose wake_up takes no tags."""
+
+    def wake_up(self) -> None:  # type: ignore[override]
+        super().wake_up(None)
+
+
+def fake_sampling_params(**kwargs: Any) -> dict:
+    return kwargs

@@ -1,0 +1,270 @@
+"""The vLLM weight-update protocol on CPU, against a fake engine (tests/engines/fake_vllm.py)
+that fails if a tensor is put into collective_rpc arguments."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from compassplay.config import load_config
+from compassplay.engines.base import SamplingParams, StaleWeightsError
+from compassplay.engines.vllm_generation import VLLMGenerationEngine
+from compassplay.sync.buckets import NCCLBroadcastSync
+from compassplay.sync.channel import NcclChannel, free_port
+from compassplay.sync.ipc import publish
+from compassplay.sync.ranks import receiver_sizes, weight_sync_ranks
+from tests.engines.fake_vllm import FakeLLM, FakeLLMNoTags, fake_sampling_params
+
+P = SamplingParams(max_new_tokens=2, seed=0)
+
+
+def _state(seed: float) -> dict[str, torch.Tensor]:
+    return {"embed.weight": torch.full((4, 3), seed), "layer.0.w": torch.full((5,), seed),
+            "layer.0.b16": torch.full((2, 2), seed).to(torch.bfloat16)}
+
+
+def _engine(llm: FakeLLM, **kw) -> VLLMGenerationEngine:
+    return VLLMGenerationEngine("unused", tokenizer=object(), llm=llm,
+                                sampling_params_cls=fake_sampling_params, **kw)
+
+
+def _held(llm: FakeLLM) -> list[dict[str, torch.Tensor]]:
+    return [w.model_runner.model.params for w in llm.workers]
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return list(a) == list(b) and all(torch.equal(a[k], b[k].to(a[k].dtype)) for k in a)
+
+
+def _rpcs(llm: FakeLLM) -> list[str]:
+    return [e[1] for e in llm.log if e[0] == "rpc"]
+
+
+def test_fake_refuses_tensors_and_engine_guards_rpc_args():
+    llm = FakeLLM(_state(0.0))
+    with pytest.raises(AssertionError, match="torch.Tensor"):
+        llm.collective_rpc("compassplay_set_version", args=(torch.tensor(1),))
+    eng = _engine(llm)
+    with pytest.raises(TypeError, match="never tensors"):
+        eng._rpc("compassplay_set_version", torch.tensor(1))
+
+
+def test_object_store_path_loads_by_ipc_handles_in_buckets():
+    """load_weights (object store, local executor): tensors never cross the RPC; several
+    buckets; the version changes once, after every worker confirmed the last one."""
+    llm = FakeLLM(_state(0.0), tp=2)
+    eng = _engine(llm, bucket_bytes=40)  # 48, then 20 + 8 bytes: two buckets
+    assert eng.generate([[1]], P)[0].weight_version == 0
+    eng.load_weights(_state(1.0), 1)
+    assert eng.weight_version == 1
+    assert all(_equal(h, _state(1.0)) for h in _held(llm))
+    assert _rpcs(llm)[-3:] == ["compassplay_device_uuid"] + ["compassplay_load_ipc"] * 2
+    assert eng.generate([[1]], P)[0].weight_version == 1
+    with pytest.raises(StaleWeightsError):
+        eng.load_weights(_state(0.5), 0)
+    assert eng.weight_version == 1 and all(_equal(h, _state(1.0)) for h in _held(llm))
+
+
+def test_failed_load_keeps_old_version_and_blocks_generation_until_a_good_load():
+    llm = FakeLLM(_state(0.0), tp=2)
+    eng = _engine(llm, bucket_bytes=40)
+    llm.workers[1].model_runner.model.fail_on = {"layer.0.b16"}  # the last bucket fails
+    with pytest.raises(RuntimeError, match="injected"):
+        eng.load_weights(_state(1.0), 1)
+    assert eng.weight_version == 0
+    with pytest.raises(RuntimeError, match="partly loaded"):
+        eng.generate([[1]], P)  # worker 1 holds part of version 1
+    llm.workers[1].model_runner.model.fail_on = set()
+    eng.load_weights(_state(2.0), 2)
+    assert eng.weight_version == 2 and eng.generate([[1]], P)[0].weight_version == 2
+
+
+def test_a_worker_reporting_another_version_is_not_taken():
+    llm = FakeLLM(_state(0.0), tp=2)
+    eng = _engine(llm)
+    llm.workers[1].compassplay_load_ipc = lambda path, version, final=True: 7
+    with pytest.raises(RuntimeError, match="expected weight version 1"):
+        eng.load_weights(_state(1.0), 1)
+    assert eng.weight_version == 0
+
+
+def test_nccl_path_tp2_over_gloo_ranks_versions_and_stale_refusal():
+    """Learner = rank 0 (NcclChannel over gloo, standing in for NCCL); a TP=2 engine takes
+    ranks 1 and 2. Per update: one RPC with the version, the bytes through the group."""
+    sizes = [2]
+    offsets, world = weight_sync_ranks(sizes)
+    assert (offsets, world) == ([1], 3)
+    port = free_port()
+    llm = FakeLLM(_state(0.0), tp=2)
+    eng = _engine(llm)
+    learner: dict = {}
+    t = threading.Thread(target=lambda: learner.setdefault("ch", NcclChannel(
+        "127.0.0.1", port, 0, world, bucket_bytes=40, backend="gloo", timeout_s=60)))
+    t.start()
+    assert eng.init_weight_broadcast("127.0.0.1", port, offsets[0], world) == [1, 2]
+    t.join(60)
+    ch = learner["ch"]
+    assert [w.joined for w in llm.workers] == [(1, 3), (2, 3)]
+
+    def update(version: int, state, send=None) -> threading.Thread:
+        th = threading.Thread(target=send or (lambda: ch.send(state, version)))
+        th.start()
+        return th
+
+    th = update(1, _state(1.0))
+    eng.receive_weights_broadcast(1, bucket_bytes=40)
+    th.join(60)
+    assert eng.weight_version == 1 and all(_equal(h, _state(1.0)) for h in _held(llm))
+    # a stale broadcast (a sender bypassing its own check): drained, refused, old version
+    th = update(0, None, lambda: NCCLBroadcastSync(ch.sync.comm, 0, 40, "cpu").send(
+        _state(0.5), 0))
+    with pytest.raises(StaleWeightsError):
+        eng.receive_weights_broadcast(0, bucket_bytes=40)
+    th.join(60)
+    assert eng.weight_version == 1 and all(_equal(h, _state(1.0)) for h in _held(llm))
+    # the group is still in step; an unexpected version is refused too
+    th = update(3, _state(3.0))
+    with pytest.raises(RuntimeError, match="expected weight version 2"):
+        eng.receive_weights_broadcast(2, bucket_bytes=40)
+    th.join(60)
+    assert eng.weight_version == 1
+    th = update(4, _state(4.0))
+    eng.receive_weights_broadcast(4, bucket_bytes=40)
+    th.join(60)
+    assert eng.weight_version == 4 and eng.generate([[1]], P)[0].weight_version == 4
+    rpcs = _rpcs(llm)
+    assert rpcs.count("compassplay_join_group") == 1
+    assert rpcs.index("compassplay_join_group") < rpcs.index("compassplay_receive_broadcast")
+
+
+def test_colocated_ipc_wakes_weights_then_loads_then_kv_cache():
+    llm = FakeLLM(_state(0.0))
+    eng = _engine(llm, enable_sleep_mode=True, sleep_level=1)
+    eng.generate([[1]], P)
+    eng.sleep()
+    assert eng.asleep
+    with publish({"fake-gpu-0": list(_state(1.0).items())}, 1) as update:
+        eng.load_weights_ipc(update.path, 1)
+    tail = [e for e in llm.log if e[0] != "rpc" or e[1] == "compassplay_load_ipc"][-5:]
+    assert tail == [("sleep", 1), ("wake_up", ["weights"]), ("rpc", "compassplay_load_ipc"),
+                    ("wake_up", ["kv_cache"]), ("reset_prefix_cache",)]
+    assert eng.weight_version == 1 and not eng.asleep
+    assert eng.generate([[1]], P)[0].weight_version == 1
+
+
+def test_colocated_ipc_without_wake_up_tags_wakes_all_before_loading():
+    llm = FakeLLMNoTags(_state(0.0))
+    eng = _engine(llm, enable_sleep_mode=True)
+    eng.sleep()
+    with publish({"fake-gpu-0": list(_state(1.0).items())}, 1) as update:
+        eng.load_weights_ipc(update.path, 1)
+    assert [e for e in llm.log if e[0] != "rpc" or e[1] == "compassplay_load_ipc"][-4:] == [
+        ("sleep", 1), ("wake_up", None), ("rpc", "compassplay_load_ipc"),
+        ("reset_prefix_cache",)]
+    assert eng.weight_version == 1
+
+
+def test_ipc_for_another_gpu_and_stale_ipc_are_refused():
+    llm = FakeLLM(_state(0.0))
+    eng = _engine(llm)
+    with publish({"some-other-gpu": list(_state(1.0).items())}, 1) as update:
+        with pytest.raises(RuntimeError, match="share the learner's GPU"):
+            eng.load_weights_ipc(update.path, 1)
+    assert eng.weight_version == 0 and eng.generate([[1]], P)[0].weight_version == 0
+    with publish({"fake-gpu-0": list(_state(2.0).items())}, 2) as update:
+        eng.load_weights_ipc(update.path, 2)
+    with publish({"fake-gpu-0": list(_state(1.0).items())}, 1) as update:
+        with pytest.raises(StaleWeightsError):
+            eng.load_weights_ipc(update.path, 1)
+    assert eng.weight_version == 2 and _equal(_held(llm)[0], _state(2.0))
+
+
+def test_sleep_level_2_needs_a_load_before_generating():
+    llm = FakeLLM(_state(0.0))
+    eng = _engine(llm, enable_sleep_mode=True, sleep_level=2)
+    eng.sleep()
+    with pytest.raises(RuntimeError, match="level 2"):
+        eng.generate([[1]], P)
+    eng.load_weights(_state(1.0), 1)
+    assert eng.generate([[1]], P)[0].weight_version == 1
+    eng.sleep(level=1)
+    assert eng.generate([[1]], P)[0].weight_version == 1  # level 1: wakes itself
+
+
+def test_weight_sync_rank_offsets_never_collide():
+    assert weight_sync_ranks([2, 1, 1, 1]) == ([1, 3, 4, 5], 6)
+    assert weight_sync_ranks([4, 2]) == ([1, 5], 7)
+    offsets, world = weight_sync_ranks([3, 1, 2, 1])
+    blocks = [set(range(o, o + s)) for o, s in zip(offsets, [3, 1, 2, 1], strict=True)]
+    assert set().union(*blocks) == set(range(1, world)) and sum(map(len, blocks)) == world - 1
+    with pytest.raises(ValueError):
+        weight_sync_ranks([1, 0])
+    cfg = load_config(None, ["proposer.engine=vllm", "proposer.tensor_parallel_size=2",
+                             "solver.engine=vllm", "solver.tensor_parallel_size=4",
+                             "scorer.num_scorers=2"])
+    assert receiver_sizes(cfg) == [2, 4, 1, 1]
+    assert weight_sync_ranks(receiver_sizes(cfg)) == ([1, 3, 7, 8], 9)
+
+
+def test_make_generator_passes_vllm_options_and_role_needs_only_a_tokenizer(tmp_path,
+                                                                          monkeypatch):
+    from compassplay.models.byte_tokenizer import build_byte_tokenizer
+    from compassplay.workers import builders
+
+    build_byte_tokenizer().save_pretrained(tmp_path)  # no model weights: none are loaded
+    (tmp_path / "config.json").write_text("{}")
+    cfg = load_config(None, [
+        "model.source=local", f"model.name_or_path={tmp_path}", "model.dtype=bfloat16",
+        "run.seed=7", "solver.engine=vllm", "solver.tensor_parallel_size=2",
+        "solver.max_model_len=4096", "solver.enable_sleep_mode=true", "solver.sleep_level=2",
+        "solver.gpu_memory_utilization=0.7"])
+    tok = builders.load_tokenizer(cfg)
+    assert tok.encode("ab", add_special_tokens=False)
+    seen = {}
+    monkeypatch.setattr(builders, "make_generation_engine",
+                        lambda kind, model, tokenizer, **kw: seen.update(kind=kind, model=model,
+                                                                         **kw))
+    builders.make_generator(cfg, cfg.solver, None, tok)
+    assert seen == {"kind": "vllm", "model": str(tmp_path), "dtype": "bfloat16", "seed": 7,
+                    "gpu_memory_utilization": 0.7, "tensor_parallel_size": 2,
+                    "enable_sleep_mode": True, "sleep_level": 2, "max_model_len": 4096}
+
+
+def test_generator_role_receives_ipc_and_sleeps_after_generation():
+    from compassplay.workers.generator_workers import SolverWorker
+
+    cfg = load_config(None, ["solver.engine=vllm", "solver.enable_sleep_mode=true",
+                             "learner.weight_sync=ipc"])
+    role = SolverWorker.__new__(SolverWorker)  # no model, no environment needed here
+    llm = FakeLLM(_state(0.0))
+    role.cfg, role.section = cfg, cfg.solver
+    role.engine = _engine(llm, enable_sleep_mode=True)
+    role.after_generation()
+    assert role.engine.asleep
+    with publish({"fake-gpu-0": list(_state(1.0).items())}, 1) as update:
+        assert role.receive_ipc((1, update.path)) == 1
+        assert role.receive_ipc((1, update.path)) == 1  # already held: no second load
+    assert role.weight_version == 1 and not role.engine.asleep
+    assert _rpcs(llm).count("compassplay_load_ipc") == 1
+
+
+def test_ipc_config_checks():
+    from compassplay.config import ConfigError
+    from compassplay.sync.channel import check_weight_sync
+
+    with pytest.raises(ConfigError, match="learner.weight_sync=ipc.*proposer.engine=vllm"):
+        load_config(None, ["learner.weight_sync=ipc"])
+    with pytest.raises(ConfigError, match="solver.tensor_parallel_size must be 1"):
+        load_config(None, ["learner.weight_sync=ipc", "solver.engine=vllm",
+                           "solver.enable_sleep_mode=true", "solver.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="tensor_parallel_size.*vllm options"):
+        load_config(None, ["proposer.tensor_parallel_size=2"])
+    cfg = load_config(None, ["learner.weight_sync=ipc", "solver.engine=vllm",
+                             "solver.enable_sleep_mode=true"])
+    with pytest.raises(ConfigError, match=r"cluster\.learner\.num_gpus, cluster\.solver"):
+        check_weight_sync(cfg, embedded=False)
+    check_weight_sync(load_config(None, [
+        "learner.weight_sync=ipc", "solver.engine=vllm", "solver.enable_sleep_mode=true",
+        "cluster.learner.num_gpus=0.5", "cluster.solver.num_gpus=0.5"]), embedded=False)
