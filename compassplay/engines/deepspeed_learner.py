@@ -19,6 +19,7 @@ Checkpoints (`save`/`load`) are independent of the number of ranks: see `deepspe
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from pathlib import Path
@@ -125,6 +126,7 @@ class DeepSpeedSlot(Slot):
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, fn),
             config=ds_config(cfg, next(model.parameters()).dtype))
         self.module = self.engine
+        self._schedule0 = copy.deepcopy(self.engine.lr_scheduler.state_dict())
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         self.engine.set_gradient_accumulation_boundary(last)
@@ -142,6 +144,11 @@ class DeepSpeedSlot(Slot):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights on rank 0 ({} on the other ranks); collective."""
         return dstate.full_state_dict(self._ds, self.engine.module, self.zero_stage)
+
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Weights, fp32 master weights <- `weights`; empty AdamW state; schedule at step 0.
+        Collective (ZeRO-3 re-partitions the parameters from rank 0)."""
+        dstate.reset(self._ds, self.engine, weights, self._schedule0)
 
     def save(self, path: Path | None) -> None:
         """model.safetensors + config.json (full weights) and the rank-count-independent

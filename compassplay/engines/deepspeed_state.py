@@ -163,7 +163,26 @@ def load_state(ds: Any, engine: Any, path: Path, weights: dict[str, torch.Tensor
             if meta["step"]:
                 for k in MOMENTS:
                     safe_set_full_optimizer_state(p, f.get_tensor(f"{name}/{k}").to(p.device), k)
+    _set_schedule(engine, torch.load(path / "scheduler.pt", weights_only=True))
+
+
+def _set_schedule(engine: Any, state: dict[str, Any]) -> None:
     sched = engine.lr_scheduler
-    sched.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    sched.load_state_dict(state)
     for group, lr in zip(_inner(engine).param_groups, sched.get_last_lr(), strict=True):
         group["lr"] = lr
+
+
+def reset(ds: Any, engine: Any, weights: dict[str, torch.Tensor],
+          schedule: dict[str, Any]) -> None:
+    """Weights and fp32 master weights <- `weights`, AdamW state emptied (re-created at the
+    next step), scheduler <- `schedule`. Collective."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    load_weights(ds, engine.module, engine.zero_optimization_stage(), weights)
+    for name, p in trainable(engine.module):
+        safe_set_full_fp32_param(p, weights[name].float().to(p.device))
+    _inner(engine).state.clear()
+    if hasattr(engine.optimizer, "_hp_optimizer_states_linked"):  # ZeRO-1/2: relink later
+        engine.optimizer._hp_optimizer_states_linked = False
+    _set_schedule(engine, schedule)

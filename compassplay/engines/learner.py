@@ -96,6 +96,10 @@ class Slot(ABC):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights with HF names, detached CPU copies."""
 
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Back to `weights` (HF names) with a fresh optimizer and schedule, in place."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset in place")
+
     @abstractmethod
     def save(self, path: Path | None) -> None:
         """Write the slot under `path`; None: take part in a collective save, write nothing."""
@@ -210,7 +214,13 @@ class PolicyLearner(Learner):
     def _ref_dev(self) -> torch.device:
         return next(self.ref_model.parameters()).device
 
-    def save(self, path: str | Path) -> None:
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Every model back to `weights` (the initial policy), fresh optimizers, version 0."""
+        for slot in self.slots.values():
+            slot.reset(weights)
+        self._version = 0
+
+    def save(self, path: str | Path | None) -> None:
         """Weights (model.safetensors + config.json; the proposer's under proposer/ when
         separate), optimizer and scheduler per model, and learner.json (version, backend).
         Collective in a learner group: only rank 0 writes (the others ignore `path`)."""
