@@ -42,6 +42,10 @@ class ActorSet:
     evaluator: Any = None  # only with eval.every_steps > 0
     learner_pg: Any = None  # the placement group the learner ranks run in (None: none)
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.learner, LearnerGroup):  # one actor handle: a group of one
+            self.learner = LearnerGroup([self.learner])
+
     def all(self) -> list[Any]:
         extra = [self.evaluator] if self.evaluator is not None else []
         return [self.proposer, self.solver, *self.verifiers, *self.scorers,
