@@ -251,7 +251,15 @@ class LearnerSection(Section):
     clip_eps: float = Field(0.2, gt=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     kl_coef: float = Field(0.0, ge=0.0)
-    zero_stage: int = Field(2, ge=0, le=3)
+    zero_stage: int = Field(2, ge=0, le=3, description="deepspeed: ZeRO stage (2: optimizer "
+                            "state + gradients sharded over the ranks; 3: + parameters)")
+    num_ranks: int = Field(1, ge=1, description="learner ranks (Ray actors, one "
+                           "torch.distributed group, data parallel; each asks for "
+                           "cluster.learner); > 1 needs backend=deepspeed")
+    offload_optimizer: bool = Field(False, description="deepspeed: optimizer state and fp32 "
+                                    "master weights in CPU memory (ZeRO >= 1)")
+    offload_params: bool = Field(False, description="deepspeed: parameters in CPU memory "
+                                 "between uses (ZeRO-3 only)")
     micro_batch: int = Field(8, ge=1)
     checkpoint_every: int = Field(1, ge=1)
     keep_last: int = Field(2, ge=1)
@@ -265,6 +273,21 @@ class LearnerSection(Section):
         "generators colocated on the learner's GPU open CUDA IPC handles of the learner's "
         "weights and sleep between rollouts (GPU only, see deploy/README.md)")
     sync_bucket_mb: int = Field(256, ge=1, description="nccl: bytes per broadcast bucket (MiB)")
+
+    @model_validator(mode="after")
+    def _ranks_and_offload(self) -> LearnerSection:
+        if self.num_ranks > 1 and self.backend != "deepspeed":
+            raise ValueError(f"learner.num_ranks={self.num_ranks} needs learner.backend="
+                             f"deepspeed (got {self.backend!r})")
+        if (self.offload_optimizer or self.offload_params) and self.backend != "deepspeed":
+            raise ValueError("learner.offload_optimizer/offload_params need learner.backend="
+                             "deepspeed")
+        if self.offload_optimizer and self.zero_stage < 1:
+            raise ValueError("learner.offload_optimizer needs learner.zero_stage >= 1")
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(f"learner.offload_params needs learner.zero_stage=3 (got "
+                             f"{self.zero_stage})")
+        return self
 
 
 class BootstrapSection(Section):

@@ -11,6 +11,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from compassplay.actors.learner_group import LearnerGroup
 from compassplay.actors.shells import (
     EvalActor,
     LearnerActor,
@@ -36,17 +37,25 @@ class ActorSet:
     solver: Any
     verifiers: list[Any]
     scorers: list[Any]
-    learner: Any
+    learner: LearnerGroup
     placement_groups: list[Any] = field(default_factory=list)
     evaluator: Any = None  # only with eval.every_steps > 0
+    learner_pg: Any = None  # the placement group the learner ranks run in (None: none)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.learner, LearnerGroup):  # one actor handle: a group of one
+            self.learner = LearnerGroup([self.learner])
 
     def all(self) -> list[Any]:
         extra = [self.evaluator] if self.evaluator is not None else []
-        return [self.proposer, self.solver, *self.verifiers, *self.scorers, self.learner, *extra]
+        return [self.proposer, self.solver, *self.verifiers, *self.scorers,
+                *self.learner.ranks, *extra]
 
     def named(self) -> dict[str, Any]:
-        """Role name (as in the config's cluster section, with an index) -> actor handle."""
-        out = {"learner": self.learner, "proposer": self.proposer, "solver": self.solver}
+        """Role name (as in the config's cluster section, with an index) -> actor handle;
+        a learner group's ranks are learner-0, learner-1, ..."""
+        out = {**self.learner.named("learner"), "proposer": self.proposer,
+               "solver": self.solver}
         out.update({f"verifier-{i}": a for i, a in enumerate(self.verifiers)})
         out.update({f"scorer-{i}": a for i, a in enumerate(self.scorers)})
         if self.evaluator is not None:
@@ -82,9 +91,10 @@ def actor_options(res: ActorResources, name: str, policy: dict, pg=None,
 
 def requests(cfg: RunConfig) -> dict[str, dict[str, float]]:
     """What each role's actor asks the cluster for (for logs and errors)."""
-    c = cfg.cluster
-    out = {"learner": _bundle(c.learner), "proposer": _bundle(c.proposer),
-           "solver": _bundle(c.solver)}
+    c, ranks = cfg.cluster, cfg.learner.num_ranks
+    out = {"learner": _bundle(c.learner)} if ranks == 1 else {
+        f"learner-{i}": _bundle(c.learner) for i in range(ranks)}
+    out.update({"proposer": _bundle(c.proposer), "solver": _bundle(c.solver)})
     out.update({f"verifier-{i}": _bundle(c.verifier) for i in range(c.num_verifiers)})
     out.update({f"scorer-{i}": _bundle(c.scorer) for i in range(cfg.scorer.num_scorers)})
     if cfg.eval.every_steps:
@@ -108,22 +118,55 @@ def wait_placement_group(pg, timeout_s: float, log_every_s: float = 10.0) -> Non
                                   "cluster.startup_timeout_s or add resources")
 
 
+def create_learner(cfg: RunConfig, run_dir: str, restore: bool, pg=None,
+                   suffix: str = "") -> LearnerGroup:
+    """`learner.num_ranks` LearnerActors as one group, each with `cluster.learner`'s
+    resources: in bundles 0..N-1 of `pg`, else (N > 1) in a PACK placement group of their
+    own (appended to `pgs`); one rank restarts by itself, a group's ranks do not."""
+    c, run, world = cfg.cluster, cfg.run.name, cfg.learner.num_ranks
+    policy = RESTART_ONLY if world == 1 else {"max_restarts": 0, "max_task_retries": 0}
+    ranks = []
+    for r in range(world):
+        name = f"{run}:learner{suffix}" + (f"-{r}" if world > 1 else "")
+        ranks.append(LearnerActor.options(**actor_options(
+            c.learner, name, policy, pg, None if pg is None else r)).remote(
+                cfg, run_dir, restore, r, world))
+    if world > 1:
+        addr_port = ranks[0].rendezvous.options(num_returns=2).remote()
+        for a in ranks:  # runs after placement; the driver's wait_ready() waits for it
+            a.start.remote(*addr_port)
+    return LearnerGroup(ranks)
+
+
+def learner_placement(cfg: RunConfig, suffix: str = ""):
+    """The placement group of a learner group of N > 1 ranks alone (None for one rank)."""
+    c, world = cfg.cluster, cfg.learner.num_ranks
+    if world == 1:
+        return None
+    pg = placement_group([_bundle(c.learner)] * world, strategy="PACK",
+                         name=f"{cfg.run.name}:learner{suffix}")
+    wait_placement_group(pg, c.startup_timeout_s)
+    return pg
+
+
 def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
-    """One proposer, one solver, N verifiers, M scorer shards and one learner, named by role;
-    an eval actor when `eval.every_steps` > 0."""
+    """One proposer, one solver, N verifiers, M scorer shards and a learner group of
+    `learner.num_ranks` ranks, named by role; an eval actor when `eval.every_steps` > 0."""
     c, run = cfg.cluster, cfg.run.name
-    n = cfg.scorer.num_scorers
+    n, world = cfg.scorer.num_scorers, cfg.learner.num_ranks
     pgs = []
     pg = None
     if c.placement == "pack_scorers_with_learner":
-        pg = placement_group([_bundle(c.learner)] + [_bundle(c.scorer)] * n,
+        pg = placement_group([_bundle(c.learner)] * world + [_bundle(c.scorer)] * n,
                              strategy="STRICT_PACK", name=f"{run}:learner+scorers")
         wait_placement_group(pg, c.startup_timeout_s)
         pgs.append(pg)
-    learner = LearnerActor.options(**actor_options(
-        c.learner, f"{run}:learner", RESTART_ONLY, pg, 0)).remote(cfg, run_dir, restore)
+    learner_pg = pg or learner_placement(cfg)
+    if learner_pg is not None and learner_pg is not pg:
+        pgs.append(learner_pg)
+    learner = create_learner(cfg, run_dir, restore, learner_pg)
     scorers = [ScorerActor.options(**actor_options(
-        c.scorer, f"{run}:scorer-{i}", RETRY_FOREVER, pg, None if pg is None else i + 1)
+        c.scorer, f"{run}:scorer-{i}", RETRY_FOREVER, pg, None if pg is None else world + i)
     ).remote(cfg, i, n) for i in range(n)]
     proposer = ProposerActor.options(**actor_options(
         c.proposer, f"{run}:proposer", RESTART_ONLY)).remote(cfg)
@@ -136,4 +179,4 @@ def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
     if cfg.eval.every_steps:  # evaluate() is idempotent: retried on a restarted actor
         evaluator = EvalActor.options(**actor_options(
             c.eval, f"{run}:eval", RETRY_FOREVER)).remote(cfg)
-    return ActorSet(proposer, solver, verifiers, scorers, learner, pgs, evaluator)
+    return ActorSet(proposer, solver, verifiers, scorers, learner, pgs, evaluator, learner_pg)

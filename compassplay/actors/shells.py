@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from compassplay.config import RunConfig
+from compassplay.engines.dist import RankInfo, rendezvous
 from compassplay.step.graph import StageCall, WeightsOffer, run_stage
 from compassplay.workers.eval_worker import EvalReport, EvalWorker
 from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
@@ -112,8 +113,25 @@ class ScorerActor(_Receiver):
 
 @ray.remote
 class LearnerActor(_Shell):
-    def __init__(self, cfg: RunConfig, run_dir: str, restore: bool) -> None:
-        self._build(lambda: LearnerWorker(cfg, run_dir, restore=restore))
+    """One rank of the learner group (`actors.learner_group`). With one rank the worker is
+    built in the constructor; with more it is built by `start(addr, port)` (rank 0's
+    `rendezvous()`), which every rank runs together (the process group forms collectively)."""
+
+    def __init__(self, cfg: RunConfig, run_dir: str, restore: bool, rank: int = 0,
+                 world_size: int = 1) -> None:
+        self._args = (cfg, run_dir, restore, rank, world_size)
+        self._start_error = ("not started: start(addr, port) was not called", "")
+        if world_size == 1:
+            self._build(lambda: LearnerWorker(cfg, run_dir, restore=restore))
+
+    def rendezvous(self) -> tuple[str, int]:
+        """(this node's IP, a free port): rank 0's address for the group."""
+        return rendezvous()
+
+    def start(self, addr: str, port: int) -> None:
+        cfg, run_dir, restore, rank, world = self._args
+        info = RankInfo(rank, world, addr, int(port))
+        self._build(lambda: LearnerWorker(cfg, run_dir, restore=restore, dist=info))
 
     def snapshot(self, role: str = "solver") -> tuple[int, dict]:
         """(version, weights) as two returns: call with .options(num_returns=2)."""

@@ -2,17 +2,24 @@
 as the torch backend (so both give the same update on a float32 model).
 
 On a machine without CUDA, DeepSpeed runs on its CPU accelerator (``DS_ACCELERATOR=cpu``, set
-here when unset) over a gloo process group; on GPUs it uses NCCL. When torch.distributed is not
-initialized (a single process, e.g. a Ray actor) a world of size 1 is created on 127.0.0.1 and
-a free port. bfloat16/float16 models enable DeepSpeed's bf16/fp16 mode.
+here when unset) over a gloo process group; on GPUs it uses NCCL. The process group is the
+learner group of `RankInfo` (`engines.dist`): N ranks, data parallel, ZeRO sharding the
+optimizer state (stage >= 1), gradients (>= 2) and parameters (3) over them; without one (a
+single process) a world of 1 on 127.0.0.1 and a free port, unless a launcher set
+RANK/WORLD_SIZE. bfloat16/float16 models enable DeepSpeed's bf16/fp16 mode.
 
 Gradient accumulation: DeepSpeed is configured with gradient_accumulation_steps=1 and the
 boundary is set by hand (`set_gradient_accumulation_boundary`) so that a step may have any
 number of micro-batches; the loss is already normalized by the step's total token count.
+DeepSpeed averages gradients over the ranks; `PolicyLearner` scales each rank's loss by the
+world size so that the average is the full batch's gradient.
+
+Checkpoints (`save`/`load`) are independent of the number of ranks: see `deepspeed_state`.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 from pathlib import Path
@@ -20,10 +27,23 @@ from typing import Any
 
 import torch
 
+from compassplay.engines import deepspeed_state as dstate
+from compassplay.engines.dist import RankInfo, init_group
 from compassplay.engines.learner import Slot, lr_lambda
 from compassplay.engines.torch_learner import make_adamw
 
-_TAG = "state"
+_TAG = "state"  # DeepSpeed's own checkpoint tag (older checkpoints, same rank count only)
+
+
+def make_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> torch.optim.Optimizer:
+    """torch AdamW (as the torch backend); DeepSpeedCPUAdam (same update, AdamW mode) when
+    the optimizer is offloaded next to GPUs."""
+    if cfg.offload_optimizer and torch.cuda.is_available():  # GPU only: never run on CPU CI
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        return DeepSpeedCPUAdam(params, lr=cfg.lr, betas=(0.9, 0.999), eps=1e-8,
+                                weight_decay=0.0, adamw_mode=True)
+    return make_adamw(params, cfg.lr)
 
 
 def _import_deepspeed() -> Any:
@@ -43,8 +63,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_distributed(deepspeed: Any) -> None:
-    """Initialize torch.distributed (world of 1 unless the launcher set RANK/WORLD_SIZE)."""
+def ensure_distributed(deepspeed: Any, info: RankInfo | None = None) -> None:
+    """Join the learner group `info`; None: a world of 1 unless a launcher set
+    RANK/WORLD_SIZE."""
+    if info is not None:
+        init_group(info, lambda **kw: deepspeed.init_distributed(verbose=False, **kw))
+        return
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -57,15 +81,24 @@ def ensure_distributed(deepspeed: Any) -> None:
 
 
 def ds_config(cfg: Any, dtype: torch.dtype) -> dict[str, Any]:
-    """The DeepSpeed config for a `LearnerSection`."""
+    """The DeepSpeed config for a `LearnerSection` (micro-batch sizes are per rank; the
+    learner sets the accumulation boundary itself)."""
+    zero: dict[str, Any] = {"stage": cfg.zero_stage}
+    pin = torch.cuda.is_available()
+    if cfg.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if cfg.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     conf: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
         "gradient_accumulation_steps": 1,
         "gradient_clipping": cfg.max_grad_norm,
-        "zero_optimization": {"stage": cfg.zero_stage},
+        "zero_optimization": zero,
         "steps_per_print": 1 << 30,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
+        # offload with the shared torch AdamW on a CPU-only machine (no DeepSpeedCPUAdam build)
+        "zero_force_ds_cpu_optimizer": False,
     }
     if dtype == torch.bfloat16:
         conf["bf16"] = {"enabled": True}
@@ -75,20 +108,25 @@ def ds_config(cfg: Any, dtype: torch.dtype) -> dict[str, Any]:
 
 
 class DeepSpeedSlot(Slot):
-    """One model wrapped in a DeepSpeed engine (`module` is the engine; it forwards)."""
+    """One model wrapped in a DeepSpeed engine (`module` is the engine; it forwards).
+    Collective methods (every rank calls them): backward, step, full_state_dict, save, load."""
 
-    def __init__(self, model: torch.nn.Module, cfg: Any, total_steps: int | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: Any, total_steps: int | None = None,
+                 dist: RankInfo | None = None) -> None:
         ds = _import_deepspeed()
-        ensure_distributed(ds)
+        ensure_distributed(ds, dist)
         self._ds, self.zero_stage = ds, cfg.zero_stage
+        self.rank = torch.distributed.get_rank()
+        self.world_size = torch.distributed.get_world_size()
         fn = lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps)
         params = [p for p in model.parameters() if p.requires_grad]
         self.engine, _, _, _ = ds.initialize(
             model=model, model_parameters=params,
-            optimizer=lambda ps: make_adamw(ps, cfg.lr),
+            optimizer=lambda ps: make_optimizer(ps, cfg),
             lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, fn),
             config=ds_config(cfg, next(model.parameters()).dtype))
         self.module = self.engine
+        self._schedule0 = copy.deepcopy(self.engine.lr_scheduler.state_dict())
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         self.engine.set_gradient_accumulation_boundary(last)
@@ -104,21 +142,32 @@ class DeepSpeedSlot(Slot):
         return float(self.engine.get_lr()[0])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        model = self.engine.module
-        if self.zero_stage < 3:
-            return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        with self._ds.zero.GatheredParameters(list(model.parameters()), modifier_rank=None):
-            return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        """Full weights on rank 0 ({} on the other ranks); collective."""
+        return dstate.full_state_dict(self._ds, self.engine.module, self.zero_stage)
 
-    def save(self, path: Path) -> None:
-        """model.safetensors + config.json (full weights) and DeepSpeed's own checkpoint
-        (optimizer partitions, scheduler) under path/deepspeed/."""
-        self.engine.module.save_pretrained(str(path), state_dict=self.full_state_dict())
-        self.engine.save_checkpoint(str(path / "deepspeed"), tag=_TAG, save_latest=False)
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Weights, fp32 master weights <- `weights`; empty AdamW state; schedule at step 0.
+        Collective (ZeRO-3 re-partitions the parameters from rank 0)."""
+        dstate.reset(self._ds, self.engine, weights, self._schedule0)
+
+    def save(self, path: Path | None) -> None:
+        """model.safetensors + config.json (full weights) and the rank-count-independent
+        optimizer files (`deepspeed_state`); rank 0 writes, the others pass None."""
+        state = self.full_state_dict()
+        if path is not None:
+            self.engine.module.save_pretrained(str(path), state_dict=state)
+        dstate.save_state(self._ds, self.engine, path)
 
     def load(self, path: Path) -> None:
-        load_path, _ = self.engine.load_checkpoint(
-            str(path / "deepspeed"), tag=_TAG, load_optimizer_states=True,
-            load_lr_scheduler_states=True)
-        if load_path is None:
-            raise FileNotFoundError(f"{path / 'deepspeed'}: no DeepSpeed checkpoint '{_TAG}'")
+        """Restore from `save` by any number of ranks (every rank reads `path`; a shared
+        filesystem across nodes); older same-rank-count DeepSpeed checkpoints also load."""
+        if not (path / "optimizer.json").is_file() and (path / "deepspeed").is_dir():
+            load_path, _ = self.engine.load_checkpoint(
+                str(path / "deepspeed"), tag=_TAG, load_optimizer_states=True,
+                load_lr_scheduler_states=True)
+            if load_path is None:
+                raise FileNotFoundError(f"{path / 'deepspeed'}: no DeepSpeed checkpoint")
+            return
+        from safetensors.torch import load_file
+
+        dstate.load_state(self._ds, self.engine, path, load_file(str(path / "model.safetensors")))

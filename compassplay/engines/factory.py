@@ -8,19 +8,24 @@ from typing import Any
 import torch
 
 from compassplay.engines.base import GenerationEngine
+from compassplay.engines.dist import RankInfo
 from compassplay.engines.learner import PolicyLearner, Slot
 
 
 def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None = None, *,
                  proposer_model: torch.nn.Module | None = None,
-                 total_steps: int | None = None) -> PolicyLearner:
+                 total_steps: int | None = None, dist: RankInfo | None = None) -> PolicyLearner:
     """A learner for `cfg` (a `LearnerSection`).
 
     cfg.shared_model: `model` plays both roles (slot "policy"); otherwise `model` is the solver
     and `proposer_model` (default: a deep copy of `model`) the proposer. `ref_model` is the
     frozen reference for the KL term (required when cfg.kl_coef > 0). `total_steps` (number of
-    learner steps in the run) is needed by the cosine/linear schedules.
+    learner steps in the run) is needed by the cosine/linear schedules. `dist`: this rank of
+    a learner group (deepspeed; None = a world of 1), every rank calls make_learner together.
     """
+    if dist is not None and dist.world_size > 1 and cfg.backend != "deepspeed":
+        raise ValueError(f"a learner group of {dist.world_size} ranks needs "
+                         f"learner.backend=deepspeed (got {cfg.backend!r})")
     models: dict[str, torch.nn.Module] = {"policy": model} if cfg.shared_model else {
         "solver": model,
         "proposer": proposer_model if proposer_model is not None else copy.deepcopy(model)}
@@ -31,7 +36,7 @@ def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None 
     elif cfg.backend == "deepspeed":
         from compassplay.engines.deepspeed_learner import DeepSpeedSlot
 
-        slots = {k: DeepSpeedSlot(m, cfg, total_steps) for k, m in models.items()}
+        slots = {k: DeepSpeedSlot(m, cfg, total_steps, dist) for k, m in models.items()}
     else:
         raise ValueError(f"learner.backend: unknown backend {cfg.backend!r} "
                          "(expected 'torch' or 'deepspeed')")

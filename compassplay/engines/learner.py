@@ -9,6 +9,16 @@ Models: with a shared model ("policy") both roles update it; with separate model
 proposer trajectories update "proposer" and the solver trajectories update "solver", each with
 its own optimizer and schedule. Backends (`torch_learner`, `deepspeed_learner`) provide the
 per-model `Slot`: backward, clipped optimizer step, full weights, save/load.
+
+Learner group (data parallel, deepspeed backend): every rank gets the same trajectories and
+runs `step` on them together. The micro-batches are the ones one rank would make; rank r
+takes micro-batches r, r+N, ... and all ranks make as many passes (a rank short of
+micro-batches repeats one with weight 0: under ZeRO-3 every forward is collective). Each loss
+is normalized by the step's global token count and multiplied by N, so DeepSpeed's average
+of the ranks' gradients is the full batch's gradient: N ranks give the 1-rank update up to
+float summation order. Stats are summed over the ranks; every rank returns the same stats.
+Weights and checkpoints are collective: rank 0 returns/writes them, the other ranks take
+part in the gathers and return {} / write nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ from pathlib import Path
 import torch
 
 from compassplay.engines.advantages import broadcast_to_tokens, trajectory_advantages
+from compassplay.engines.dist import sum_over_ranks
 from compassplay.engines.logprobs import pack, token_logprobs
 from compassplay.engines.policy_loss import ppo_loss
 from compassplay.records import Role, Trajectory
@@ -67,6 +78,8 @@ class Slot(ABC):
     """One trainable model with its optimizer and LR schedule (backend-specific)."""
 
     module: torch.nn.Module  # forward pass
+    rank: int = 0  # in the learner group
+    world_size: int = 1
 
     @abstractmethod
     def backward(self, loss: torch.Tensor, last: bool) -> None:
@@ -83,8 +96,13 @@ class Slot(ABC):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights with HF names, detached CPU copies."""
 
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Back to `weights` (HF names) with a fresh optimizer and schedule, in place."""
+        raise NotImplementedError(f"{type(self).__name__} cannot reset in place")
+
     @abstractmethod
-    def save(self, path: Path) -> None: ...
+    def save(self, path: Path | None) -> None:
+        """Write the slot under `path`; None: take part in a collective save, write nothing."""
 
     @abstractmethod
     def load(self, path: Path) -> None: ...
@@ -121,6 +139,8 @@ class PolicyLearner(Learner):
         self.slots, self.cfg, self.backend = slots, cfg, backend
         self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
         self._version = 0
+        first = next(iter(slots.values()))
+        self.rank, self.world_size = first.rank, first.world_size
 
     @property
     def weight_version(self) -> int:
@@ -165,7 +185,10 @@ class PolicyLearner(Learner):
             idx = [i for i in idx if adv[i] != 0.0] or idx[:1]
         loss_sum = clipped = kl_sum = 0.0
         chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
-        for c, chunk in enumerate(chunks):
+        mine = [(chunk, 1.0) for chunk in chunks[self.rank::self.world_size]]
+        passes = -(-len(chunks) // self.world_size)
+        mine += [(chunks[0], 0.0)] * (passes - len(mine))  # weight 0: collective passes only
+        for c, (chunk, weight) in enumerate(mine):
             b = pack([trajs[i].generation for i in chunk], device=dev)
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
             logp = token_logprobs(slot.module, b["input_ids"], b["attention_mask"], b["targets"])
@@ -177,10 +200,12 @@ class PolicyLearner(Learner):
                                          b["targets"].to(self._ref_dev())).to(dev)
             terms = ppo_loss(logp, b["old_logp"], a, b["mask"], self.cfg.clip_eps, ref,
                              self.cfg.kl_coef, normalizer=max(total, 1.0))
-            slot.backward(terms.loss, last=c == len(chunks) - 1)
-            loss_sum += float(terms.loss.detach().item())
-            clipped += terms.clipped_tokens
-            kl_sum += terms.kl_sum
+            slot.backward(terms.loss * (weight * self.world_size), last=c == len(mine) - 1)
+            loss_sum += weight * float(terms.loss.detach().item())
+            clipped += weight * terms.clipped_tokens
+            kl_sum += weight * terms.kl_sum
+        if self.world_size > 1:
+            loss_sum, clipped, kl_sum = sum_over_ranks([loss_sum, clipped, kl_sum], dev)
         lr = slot.lr()  # the LR this update uses
         grad_norm = slot.step()
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "clipped": clipped,
@@ -189,9 +214,20 @@ class PolicyLearner(Learner):
     def _ref_dev(self) -> torch.device:
         return next(self.ref_model.parameters()).device
 
-    def save(self, path: str | Path) -> None:
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Every model back to `weights` (the initial policy), fresh optimizers, version 0."""
+        for slot in self.slots.values():
+            slot.reset(weights)
+        self._version = 0
+
+    def save(self, path: str | Path | None) -> None:
         """Weights (model.safetensors + config.json; the proposer's under proposer/ when
-        separate), optimizer and scheduler per model, and learner.json (version, backend)."""
+        separate), optimizer and scheduler per model, and learner.json (version, backend).
+        Collective in a learner group: only rank 0 writes (the others ignore `path`)."""
+        if self.rank != 0:
+            for slot in self.slots.values():
+                slot.save(None)
+            return
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         for name, slot in self.slots.items():

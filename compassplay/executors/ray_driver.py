@@ -31,6 +31,9 @@ version; at the end the driver waits at most `eval.final_wait_s` for those still
 Faults: verifier and scorer actors restart and Ray retries their in-flight calls (both are
 idempotent). A solver death fails the steps in flight, which are resubmitted. A proposer or
 learner death (they hold the task buffer and the optimizer) rolls back to the latest checkpoint.
+A learner group of N > 1 ranks (`learner.num_ranks`, `actors.learner_group`) does not restart
+rank by rank: when one of its ranks died, the driver replaces the whole group (same placement
+group) by one that restores the latest checkpoint.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
-from compassplay.actors.placement import ActorSet, create_actors, requests
+from compassplay.actors.placement import ActorSet, create_actors, create_learner, requests
 from compassplay.actors.startup import describe_cause, failed_call, wait_ready
 from compassplay.config import RunConfig
 from compassplay.errors import RunError
@@ -305,6 +308,8 @@ class Pipeline:
                     describe_cause(exc), self.failures[failed], self.cfg.pipeline.max_step_retries)
         if self.metrics is not None:
             self.metrics.steps_retried.inc()
+        if a.learner.size > 1 and a.learner.any_dead():
+            self._replace_learner_group()
         done = call_when_up(a.learner.steps_done, poll=self.stop.check)
         same_proposer = (call_when_up(a.proposer.incarnation, poll=self.stop.check)
                          == self.proposer_incarnation)
@@ -321,6 +326,16 @@ class Pipeline:
         self.recorded_at = [self.recorded_at[i] for i in keep]
         self.evals = [e for e in self.evals if e.step < start]
         return start
+
+    def _replace_learner_group(self) -> None:
+        """A rank of the learner group died: a new group restores the latest checkpoint."""
+        a = self.actors
+        log.warning("a learner rank died: replacing the group of %d ranks", a.learner.size)
+        a.learner.kill()
+        a.learner = create_learner(self.cfg, str(self.run_dir), True, a.learner_pg)
+        self.dispatch.by_role["learner"] = [a.learner]
+        wait_ready(a.learner.named("learner"), requests(self.cfg),
+                   self.cfg.cluster.startup_timeout_s, poll=self.stop.check)
 
     def _newest_version(self) -> int:
         """The newest weight version an actor may hold. Version refs are small, so they live

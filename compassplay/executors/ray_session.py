@@ -45,7 +45,8 @@ def init_ray(cfg: RunConfig) -> bool:
         return False
     c = cfg.cluster
     need = (c.proposer.num_cpus + c.solver.num_cpus + c.verifier.num_cpus * c.num_verifiers
-            + c.scorer.num_cpus * cfg.scorer.num_scorers + c.learner.num_cpus
+            + c.scorer.num_cpus * cfg.scorer.num_scorers
+            + c.learner.num_cpus * cfg.learner.num_ranks
             + (c.eval.num_cpus if cfg.eval.every_steps else 0.0))
     ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
              log_to_driver=True)

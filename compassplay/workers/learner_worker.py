@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from compassplay.config import RunConfig
+from compassplay.engines.dist import RankInfo
 from compassplay.engines.factory import make_learner
 from compassplay.models.bootstrap import load_policy
 from compassplay.records import StepStats
@@ -50,12 +51,18 @@ class LearnerWorker:
     StepStats since the previous checkpoint (so a driver killed before writing its metrics
     lines loses none). A restarted learner actor restores the latest checkpoint in its
     constructor.
+
+    Learner group (`learner.num_ranks` > 1, `dist` = this rank): every rank gets the same
+    calls (learn, snapshot, broadcast, restore) and runs them together; rank 0's results are
+    the group's (the others return no weights and write no checkpoint files).
     """
 
     channel: NcclChannel | None = None  # learner.weight_sync=nccl, after init_sync
 
-    def __init__(self, cfg: RunConfig, run_dir: str, restore: bool = False) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: RunConfig, run_dir: str, restore: bool = False,
+                 dist: RankInfo | None = None) -> None:
+        self.cfg, self.dist = cfg, dist
+        self.rank = dist.rank if dist is not None else 0
         self.run_dir = Path(run_dir)
         configure_torch(cfg)
         self.model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
@@ -77,7 +84,7 @@ class LearnerWorker:
 
     def _make_learner(self):
         return make_learner(self.cfg.learner, self.model, self.ref_model,
-                            total_steps=self.cfg.pipeline.steps)
+                            total_steps=self.cfg.pipeline.steps, dist=self.dist)
 
     @property
     def weight_version(self) -> int:
@@ -100,9 +107,12 @@ class LearnerWorker:
 
     def broadcast(self, version: int | None = None) -> int:
         """Send the current (shared-model) weights as `version` (default: weight_version)."""
+        version = self.weight_version if version is None else version
+        if self.rank > 0:  # take part in the gather (ZeRO-3); rank 0 sends
+            self.weights("solver")
+            return version
         if self.channel is None:
             raise RuntimeError("broadcast() before init_sync()")
-        version = self.weight_version if version is None else version
         self.channel.send(self.weights("solver"), version)
         return version
 
@@ -133,7 +143,11 @@ class LearnerWorker:
         """Reload the latest checkpoint (or the initial weights when there is none); weight
         versions stay >= `min_version` so engines holding newer versions accept the rollback."""
         ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
+        if ckpt is None and self.cfg.learner.backend == "deepspeed":
+            self.learner.reset(self._initial)  # in place: ZeRO-3 parameters are partitioned
+            self.steps_done, self.restored_state = 0, None
+            self.cumulative_device_seconds = 0.0
+        elif ckpt is None:
             self.model.load_state_dict(self._initial)
             self.learner = self._make_learner()
             self.steps_done, self.restored_state = 0, None
@@ -186,6 +200,10 @@ class LearnerWorker:
         if env_state is None:
             raise RuntimeError(f"step {step} is a checkpoint step but no environment state "
                                "came with it (the env_state stage was not submitted)")
+        if self.rank > 0:  # the collective part of rank 0's save; no files
+            self.learner.save(None)
+            self.recent = []
+            return ""
         state = {"step": step, "env": env_state,
                  "recent_stats": [s.model_dump(mode="json") for s in self.recent]}
         path = save_checkpoint(self.run_dir, step, self.learner, state,

@@ -39,3 +39,24 @@ def test_deepspeed_zero2_matches_torch(tmp_path):
     assert all(torch.equal(ow[k], dw[k]) for k in dw) and other.weight_version == 2
     batch = synthetic_trajectories(other.slots["policy"].engine.module, n=5, seed=7)
     assert other.step(batch).loss == pytest.approx(dl.step(batch).loss, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_zero3_reset_in_place_equals_a_fresh_learner():
+    """LearnerWorker.restore without a checkpoint: back to the initial weights in place (the
+    ZeRO-3 parameters are partitioned: no load_state_dict), fresh AdamW and schedule."""
+    cfg = LearnerSection(backend="deepspeed", zero_stage=3, lr=1e-3, micro_batch=2,
+                         schedule="linear")
+    model = tiny_causal_lm(seed=2)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = synthetic_trajectories(tiny_causal_lm(seed=2), n=5, seed=3)
+    learner = make_learner(cfg, model, total_steps=4)
+    first = learner.step(batch)
+    learner.step(batch)
+    learner.reset(initial)
+    assert learner.weight_version == 0
+    now = learner.state_dict_for_sync()
+    assert all(torch.equal(now[k], initial[k]) for k in now)
+    again = learner.step(batch)
+    assert again.loss == pytest.approx(first.loss, rel=1e-6) and again.lr == first.lr
+    assert again.grad_norm == pytest.approx(first.grad_norm, rel=1e-6)

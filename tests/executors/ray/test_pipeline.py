@@ -80,7 +80,7 @@ def _kill_after_first_step(role: str):
                 actors = pipeline.actors
                 handle = {"verifier": actors.verifiers[0], "scorer": actors.scorers[0],
                           "solver": actors.solver, "proposer": actors.proposer,
-                          "learner": actors.learner}[role]
+                          "learner": actors.learner.ranks[0]}[role]
                 ray.kill(handle, no_restart=False)
                 killed.append(stats.step)
             if original is not None:

@@ -1,0 +1,87 @@
+"""The learner's data-parallel group: who this rank is, joining the group, summing stats.
+
+A learner group is N processes (Ray actors, or any launcher) that form one torch.distributed
+group: gloo on CPU, NCCL on GPUs. Rank 0 picks the rendezvous address and port
+(`rendezvous()`); the others get them from whoever starts the group. One rank (`RankInfo()`)
+is the special case: a world of 1 on 127.0.0.1 and a free port.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """This process's place in the learner group; `master_*` = rank 0's rendezvous
+    (empty/0 with world_size 1: a local address and a free port are chosen)."""
+
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = ""
+    master_port: int = 0
+    timeout_s: float = 1800.0  # a collective waiting longer than this fails
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside a world of {self.world_size}")
+        if self.world_size > 1 and not (self.master_addr and self.master_port):
+            raise ValueError("a learner group of more than one rank needs rank 0's "
+                             "master_addr and master_port")
+
+
+def free_port(host: str = "") -> int:
+    """A TCP port free on this node now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def rendezvous() -> tuple[str, int]:
+    """(this node's IP as the other ranks reach it, a free port): called on rank 0."""
+    return socket.gethostbyname(socket.gethostname()), free_port()
+
+
+def init_group(info: RankInfo, init_fn=None) -> None:
+    """Join the group `info` describes (no-op when torch.distributed is already initialized).
+
+    Each rank sees one accelerator (Ray sets CUDA_VISIBLE_DEVICES per actor), so LOCAL_RANK
+    is 0. `init_fn(dist_backend=...)` (e.g. `deepspeed.init_distributed`) defaults to
+    torch.distributed.init_process_group over env://."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() != info.world_size or dist.get_rank() != info.rank:
+            raise RuntimeError(f"torch.distributed is already a world of {dist.get_world_size()}"
+                               f" (rank {dist.get_rank()}), not the learner group {info}")
+        return
+    addr = info.master_addr or "127.0.0.1"
+    port = info.master_port or free_port("127.0.0.1")
+    os.environ.update(MASTER_ADDR=addr, MASTER_PORT=str(port), WORLD_SIZE=str(info.world_size),
+                      RANK=str(info.rank), LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=info.timeout_s)
+    if init_fn is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        init_fn(dist_backend=backend, timeout=timeout)
+
+
+def world_size() -> int:
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def sum_over_ranks(values: Sequence[float], device: torch.device | str = "cpu") -> list[float]:
+    """Element-wise sum of `values` over the group (float64; identity in a world of 1).
+    Collective: every rank calls it with as many values. NCCL needs `device` on the GPU."""
+    if world_size() == 1:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(t)
+    return t.tolist()
