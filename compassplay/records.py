@@ -161,12 +161,20 @@ class StepStats(Record):
     device_kind: dict[str, str] = Field(default_factory=dict)
     step_device_seconds: float = 0.0
     cumulative_device_seconds: float = 0.0
+    # reward.kind=soar only (None otherwise): what SOAR's trained copies cost this step --
+    # seconds inside the scorer (training + held-out evaluation, summed over shards; also part
+    # of stage_seconds["score"] and the scorer's device seconds), the tokens of the copies'
+    # inner training passes and of their held-out evaluations, and the groups scored.
+    soar_seconds: float | None = None
+    soar_train_tokens: int | None = None
+    soar_eval_tokens: int | None = None
+    soar_groups: int | None = None
 
 
 # StepStats fields that measure time: they differ between otherwise equal runs
 TIMING_FIELDS = ("stage_seconds", "step_seconds", "stage_start", "stage_end", "step_start",
                  "step_end", "device_seconds", "step_device_seconds",
-                 "cumulative_device_seconds")
+                 "cumulative_device_seconds", "soar_seconds")
 
 
 class Trajectory(Record):

@@ -53,7 +53,7 @@ class CodeEnvironment(Environment):
 
     def __init__(self, cfg: TaskSection, runner: CodeRunner, seed: int = 0,
                  num_references: int = 2, induction_inputs: int = 6,
-                 buffer_strategy: Strategy = "uniform") -> None:
+                 buffer_strategy: Strategy = "uniform", heldout: int = 0) -> None:
         self.cfg = cfg
         self.runner = runner
         self.rng = random.Random(seed)
@@ -63,6 +63,16 @@ class CodeEnvironment(Environment):
         self.counters: Counter = Counter()
         self.buffer = TaskBuffer(capacity=cfg.buffer_size, strategy=buffer_strategy)
         seeds, self.seed_skipped = load_seeds(cfg.seed_file, self.banned)
+        self.heldout: list[Task] = []
+        if heldout:  # SOAR's held-out problems: the last io seeds, never in the buffer
+            io = [t for t in seeds if t.task_type != "induction"]
+            if heldout >= len(io):
+                raise ValueError(f"cannot hold out {heldout} of {len(io)} deduction/abduction "
+                                 "seed tasks (reward.soar_heldout_items)")
+            self.heldout = io[-heldout:]
+            kept = {t.task_id for t in io[:-heldout]} | {
+                t.task_id for t in seeds if t.task_type == "induction"}
+            seeds = [t for t in seeds if t.task_id in kept]
         self.buffer.add(seeds)
 
     # ----------------------------------------------------------------- proposer
