@@ -42,7 +42,9 @@ class Task(Record):
     deduction: program + inputs[0] -> outputs[0]; abduction: program + outputs[0] -> an input;
     induction: (inputs, outputs) pairs + message -> a program, checked on hidden pairs;
     lean_prove: `statement` is a Lean 4 theorem statement to prove.
-    `seed_program` is the first reference program the proposer was shown (for novelty);
+    `seed_program` is the first reference program the proposer was shown; `seed_texts` holds
+    the novelty text (`Environment.novelty_text`) of every reference it was shown, filled at
+    proposal time (novelty compares with the closest of them);
     `seed_statement`/`seed_solution` are the Lean seed's statement and verified proof.
     """
 
@@ -56,6 +58,7 @@ class Task(Record):
     source: Literal["proposed", "seed"] = "proposed"
     seed_ids: list[str] = Field(default_factory=list)
     seed_program: str = ""
+    seed_texts: list[str] = Field(default_factory=list)
     seed_statement: str = ""
     seed_solution: str = ""
     proposal: Generation | None = None
@@ -135,7 +138,7 @@ class StepStats(Record):
     solve_rate_mean: float
     reward_mean: float
     reward_std: float
-    reward_distinct: int
+    reward_distinct: int  # distinct proposer rewards among eligible candidates (no penalties)
     loss: float
     grad_norm: float
     solver_accuracy: float

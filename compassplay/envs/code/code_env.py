@@ -202,8 +202,28 @@ class CodeEnvironment(Environment):
 
     # ----------------------------------------------------------------- novelty
     def novelty_pair(self, task: Task) -> tuple[str, str]:
-        """(the proposed program, the first reference program the proposer was shown)."""
-        return task.program, task.seed_program
+        """(what the proposer wrote, the first reference it was shown), as novelty texts."""
+        first = task.seed_texts[0] if task.seed_texts else task.seed_program
+        return self.novelty_text(task), first
+
+    def novelty_text(self, task: Task) -> str:
+        """What the proposer wrote: program and input (deduction/abduction); for induction,
+        where the program is given, its inputs and message."""
+        inputs = "\n".join(x.strip() for x in task.inputs)
+        if task.task_type == "induction":
+            return f"{inputs}\n{task.message.strip()}".strip()
+        return f"{task.program.strip()}\n{inputs}".strip()
+
+    def reference_texts(self, task_type: str, seed_ids: list[str]) -> list[str]:
+        """Every shown reference in the form a `task_type` proposal is compared: program and
+        input for deduction/abduction; for induction the buffer task's own inputs and message
+        (the proposer writes new ones for its program)."""
+        out = []
+        for sid in seed_ids:
+            seed = self.buffer.get(sid)
+            if seed is not None:
+                out.append(self.novelty_text(seed.model_copy(update={"task_type": task_type})))
+        return out
 
     # ------------------------------------------------------------------ buffer
     def seed_of(self, task_id: str) -> Task | None:
