@@ -119,6 +119,16 @@ class TaskSection(Section):
         "random", "time", "datetime", "os", "sys", "subprocess", "threading",
         "multiprocessing", "logging", "hashlib", "socket", "shutil", "signal", "ctypes",
         "pathlib", "importlib", "asyncio", "secrets", "uuid", "tempfile", "pickle"])
+    strip_prints: bool = Field(True, description="AZR: print calls and comments are removed "
+                               "from a proposed program before its checks (the solver sees the "
+                               "stripped program); false = reject programs that print")
+    induction_all_inputs: bool = Field(True, description="AZR: an induction task is invalid "
+                                       "when any of its inputs is not a literal, fails to run "
+                                       "or returns a non-literal; false = drop such inputs and "
+                                       "keep the task while enough pairs remain")
+    typed_seed_tasks: bool = Field(True, description="AZR: each buffer task the solver "
+                                   "attempts is posed as one of task.types (deduction/abduction "
+                                   "seeds as either); false = as stored (io seeds: deduction)")
     verified_solution: Literal["attempt", "gold"] = "attempt"
     solver_reward: Literal["binary", "azr"] = "binary"
     lean: LeanTaskSection = Field(default_factory=LeanTaskSection)

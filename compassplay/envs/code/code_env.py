@@ -132,7 +132,9 @@ class CodeEnvironment(Environment):
 
     def validate(self, tasks: list[Task]) -> list[Task]:
         """Validated copies (valid, invalid_reason, gold outputs); one run_many per call."""
-        return validate_tasks(tasks, self.runner, self.banned, self.counters)
+        return validate_tasks(tasks, self.runner, self.banned, self.counters,
+                              strip=self.cfg.strip_prints,
+                              all_inputs=self.cfg.induction_all_inputs)
 
     # ----------------------------------------------------------------- prefixes
     def response_prefix(self, role: str, task_type: str) -> str:
@@ -230,7 +232,19 @@ class CodeEnvironment(Environment):
         return self.buffer.get(task_id)
 
     def sample_buffer(self, k: int, rng: random.Random) -> list[Task]:
-        return self.buffer.sample(k, rng)
+        """k distinct buffer tasks for the solver. With `typed_seed_tasks` (AZR) each is posed
+        as one of `task.types` drawn uniformly (deduction/abduction tasks come from the shared
+        io pool, so an io seed can be posed as abduction); else as stored."""
+        types = [t for t in self.cfg.types if self.buffer.pool(t)]
+        if not self.cfg.typed_seed_tasks or not types:
+            return self.buffer.sample(k, rng)
+        counts = Counter(rng.choice(types) for _ in range(k))
+        labels = [t for t in ("deduction", "abduction") for _ in range(counts[t])]
+        rng.shuffle(labels)
+        out = [t.model_copy(update={"task_type": lab}) for t, lab in zip(
+            self.buffer.sample(len(labels), rng, "deduction"), labels, strict=False)]
+        return out + (self.buffer.sample(counts["induction"], rng, "induction")
+                      if counts["induction"] else [])
 
     def add_to_buffer(self, tasks: list[Task]) -> int:
         return self.buffer.add(tasks)
