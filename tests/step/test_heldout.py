@@ -58,3 +58,17 @@ def test_seed_items_are_the_held_out_seeds_as_deduction(tok):
             update={"task_type": "deduction"})), add_special_tokens=False)
         assert it.grade(right) and not it.grade(tok.encode("```output\n'nope'\n```",
                                                            add_special_tokens=False))
+
+
+def test_bootstrap_examples_leave_the_held_out_seeds_out(tok):
+    import random
+
+    from compassplay.models.bootstrap import examples
+
+    cfg = load_config(None, ["reward.kind=soar", "reward.soar_heldout_items=4"])
+    held = make_heldout(cfg, make_env(cfg, None), tok)
+    exs = examples(cfg, tok, random.Random(0))
+    rendered = {tuple(e.prompt) for e in exs}
+    assert not any(tuple(h.example.prompt_ids) in rendered for h in held)
+    plain = {tuple(e.prompt) for e in examples(load_config(None), tok, random.Random(0))}
+    assert any(tuple(h.example.prompt_ids) in plain for h in held)  # they would be there
