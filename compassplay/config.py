@@ -129,6 +129,16 @@ class TaskSection(Section):
         "random", "time", "datetime", "os", "sys", "subprocess", "threading",
         "multiprocessing", "logging", "hashlib", "socket", "shutil", "signal", "ctypes",
         "pathlib", "importlib", "asyncio", "secrets", "uuid", "tempfile", "pickle"])
+    strip_prints: bool = Field(True, description="AZR: print calls and comments are removed "
+                               "from a proposed program before its checks (the solver sees the "
+                               "stripped program); false = reject programs that print")
+    induction_all_inputs: bool = Field(True, description="AZR: an induction task is invalid "
+                                       "when any of its inputs is not a literal, fails to run "
+                                       "or returns a non-literal; false = drop such inputs and "
+                                       "keep the task while enough pairs remain")
+    typed_seed_tasks: bool = Field(True, description="AZR: each buffer task the solver "
+                                   "attempts is posed as one of task.types (deduction/abduction "
+                                   "seeds as either); false = as stored (io seeds: deduction)")
     verified_solution: Literal["attempt", "gold"] = "attempt"
     solver_reward: Literal["binary", "azr"] = "binary"
     lean: LeanTaskSection = Field(default_factory=LeanTaskSection)
@@ -157,9 +167,28 @@ class RewardSection(Section):
     azr_compat: bool = Field(False, description="difficulty gives -0.5 when s in {0,1}")
     format_penalty: float = Field(-1.0, le=0.0, description="reward of ill-formed proposals")
     novelty_tokenizer: Literal["model", "regex"] = "model"
-    soar_groups: int = Field(4, ge=1, description="soar: candidate groups per step")
-    soar_lr: float = Field(1e-3, gt=0.0, description="soar: SGD step size of the inner update")
-    soar_inner_steps: int = Field(1, ge=1, description="soar: SGD steps on each group")
+    soar_groups: int = Field(4, ge=1, description="soar: candidate groups per step (used "
+                             "when soar_group_size is 0)")
+    soar_group_size: int = Field(0, ge=0, description="soar: candidates per group (contiguous "
+                                 "chunks); 0 = split the candidates into soar_groups groups")
+    soar_lr: float = Field(1e-3, gt=0.0, description="soar: step size of the inner optimizer")
+    soar_inner_steps: int = Field(4, ge=1, description="soar: optimizer steps of the solver "
+                                  "copy on each group (full batch: the group's solutions)")
+    soar_optimizer: Literal["sgd", "adamw"] = Field("sgd", description="soar: inner optimizer")
+    soar_metric: Literal["loss", "accuracy"] = Field(
+        "loss", description="soar: the gain measured on the held-out problems. accuracy = "
+        "greedy accuracy gain (the paper's SOAR; one greedy generation per held-out problem "
+        "and group); loss = drop of the held-out gold answers' cross-entropy (default: a dense, "
+        "cheap proxy; tiny or untrained solvers score 0 accuracy, so accuracy gains are all 0)")
+    soar_heldout: str = Field(
+        "seeds", description="soar: held-out problems, disjoint from the reference set. "
+        "'seeds' = the last soar_heldout_items deduction/abduction seed tasks, taken out of the "
+        "task buffer (the proposer and solver never see them), posed as deduction; else a jsonl "
+        "of {prompt, solution[, answer]} (a bare name = a file in compassplay/data)")
+    soar_heldout_items: int = Field(8, ge=1, description="soar: held-out problems used "
+                                    "(the first N of a jsonl; N seeds for 'seeds')")
+    soar_max_new_tokens: int = Field(64, ge=1, description="soar accuracy: greedy tokens per "
+                                     "held-out problem")
     reference: Literal["global", "local"] = Field(
         "global", description="gradient kinds' reference: global = the reference set "
         "(`reference.path`); local = per candidate, the solver's verified solution of the seed "

@@ -42,7 +42,9 @@ class Task(Record):
     deduction: program + inputs[0] -> outputs[0]; abduction: program + outputs[0] -> an input;
     induction: (inputs, outputs) pairs + message -> a program, checked on hidden pairs;
     lean_prove: `statement` is a Lean 4 theorem statement to prove.
-    `seed_program` is the first reference program the proposer was shown (for novelty);
+    `seed_program` is the first reference program the proposer was shown; `seed_texts` holds
+    the novelty text (`Environment.novelty_text`) of every reference it was shown, filled at
+    proposal time (novelty compares with the closest of them);
     `seed_statement`/`seed_solution` are the Lean seed's statement and verified proof.
     """
 
@@ -56,6 +58,7 @@ class Task(Record):
     source: Literal["proposed", "seed"] = "proposed"
     seed_ids: list[str] = Field(default_factory=list)
     seed_program: str = ""
+    seed_texts: list[str] = Field(default_factory=list)
     seed_statement: str = ""
     seed_solution: str = ""
     proposal: Generation | None = None
@@ -135,7 +138,7 @@ class StepStats(Record):
     solve_rate_mean: float
     reward_mean: float
     reward_std: float
-    reward_distinct: int
+    reward_distinct: int  # distinct proposer rewards among eligible candidates (no penalties)
     loss: float
     grad_norm: float
     solver_accuracy: float
@@ -161,12 +164,20 @@ class StepStats(Record):
     device_kind: dict[str, str] = Field(default_factory=dict)
     step_device_seconds: float = 0.0
     cumulative_device_seconds: float = 0.0
+    # reward.kind=soar only (None otherwise): what SOAR's trained copies cost this step --
+    # seconds inside the scorer (training + held-out evaluation, summed over shards; also part
+    # of stage_seconds["score"] and the scorer's device seconds), the tokens of the copies'
+    # inner training passes and of their held-out evaluations, and the groups scored.
+    soar_seconds: float | None = None
+    soar_train_tokens: int | None = None
+    soar_eval_tokens: int | None = None
+    soar_groups: int | None = None
 
 
 # StepStats fields that measure time: they differ between otherwise equal runs
 TIMING_FIELDS = ("stage_seconds", "step_seconds", "stage_start", "stage_end", "step_start",
                  "step_end", "device_seconds", "step_device_seconds",
-                 "cumulative_device_seconds")
+                 "cumulative_device_seconds", "soar_seconds")
 
 
 class Trajectory(Record):

@@ -70,6 +70,15 @@ class Environment(ABC):
     def novelty_pair(self, task: Task) -> tuple[str, str]:
         """(the task's text, the text of the seed it was written from) for token Jaccard."""
 
+    def novelty_text(self, task: Task) -> str:
+        """What the proposer wrote, as compared by novelty (default: `novelty_pair`'s first)."""
+        return self.novelty_pair(task)[0]
+
+    def reference_texts(self, task_type: str, seed_ids: list[str]) -> list[str]:
+        """The novelty texts of the buffer tasks a `task_type` proposal was shown (`seed_ids`),
+        in the form `novelty_text` gives a proposal of that type; [] = use `novelty_pair`."""
+        return []
+
     def local_reference(self, task: Task) -> tuple[str, str] | None:
         """(solver prompt text, verified solution text) of the seed `task` was written from,
         whose loss gradient is the task's local reference (reward.reference=local); None when

@@ -56,8 +56,11 @@ def _reply(prefix: str, full: str) -> str:
 
 def examples(cfg: RunConfig, tokenizer, rng: random.Random) -> list[SFTExample]:
     """The (prompt, reply) pairs of the recipe, token ids as the run builds them."""
+    r = cfg.reward  # SOAR's held-out seeds stay out of the warm-up too
     env = CodeEnvironment(cfg.task, None, seed=cfg.run.seed,
-                          num_references=cfg.proposer.num_references)
+                          num_references=cfg.proposer.num_references,
+                          heldout=r.soar_heldout_items
+                          if r.kind == "soar" and r.soar_heldout == "seeds" else 0)
     seeds = list(env.buffer)
     io = [t for t in seeds if t.task_type != "induction" and t.program.startswith("def f(")]
     ind = [t for t in seeds if t.task_type == "induction"

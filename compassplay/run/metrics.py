@@ -34,7 +34,8 @@ class RunMetrics:
                                              0.875, 1.0), registry=r)
         self.reward_mean = Gauge("compassplay_reward_mean", "mean proposer reward", registry=r)
         self.reward_distinct = Gauge("compassplay_reward_distinct",
-                                     "distinct proposer reward values in the batch", registry=r)
+                                     "distinct proposer reward values among eligible candidates",
+                                     registry=r)
         self.scorer_seconds = Gauge("compassplay_scorer_seconds",
                                     "gradient scorer wall seconds in the last step", registry=r)
         self.verifier_runs_per_s = Gauge("compassplay_verifier_runs_per_second",

@@ -111,6 +111,7 @@ class ScoredShard:
     ref_proj: list[float] | None = None
     utility: dict[str, float] = field(default_factory=dict)
     local_ref_sq: list[float] | None = None  # reward.reference=local: |g_ref|^2 per candidate
+    soar: dict[str, float] = field(default_factory=dict)  # SOAR's cost (`scoring.merge_soar`)
 
 
 @dataclass

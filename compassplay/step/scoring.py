@@ -75,3 +75,15 @@ def merge_local(shards: list[ScoredShard]) -> tuple[list[Candidate], Alignment]:
 def merge_utility(shards: list[ScoredShard]) -> dict[str, float]:
     """SOAR utilities of all shards (each shard owns distinct candidate groups)."""
     return {k: v for s in shards for k, v in s.utility.items()}
+
+
+def merge_soar(shards: list[ScoredShard]) -> dict:
+    """SOAR's cost over all shards, as StepStats fields (empty when no shard ran SOAR):
+    soar_seconds (summed over shards: the copies' training and held-out evaluation),
+    soar_train_tokens, soar_eval_tokens, soar_groups."""
+    runs = [s.soar for s in shards if s.soar]
+    if not runs:
+        return {}
+    out = {k: sum(r.get(k, 0.0) for r in runs) for k in
+           ("soar_seconds", "soar_train_tokens", "soar_eval_tokens", "soar_groups")}
+    return {k: (v if k == "soar_seconds" else int(v)) for k, v in out.items()}

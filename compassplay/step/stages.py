@@ -72,7 +72,8 @@ def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfi
         task = env.parse_proposal(task_type, prefix + gen.text, seed_ids, task_id)
         seed = env.seed_of(seed_ids[0]) if seed_ids else None
         tasks.append(task.model_copy(update={
-            "proposal": gen, "seed_program": seed.program if seed else ""}))
+            "proposal": gen, "seed_program": seed.program if seed else "",
+            "seed_texts": env.reference_texts(task_type, seed_ids)}))
     seed_tasks = env.sample_buffer(cfg.solver.seed_tasks_per_step, rng)
     return ProposalSet(tasks=tasks, seed_tasks=seed_tasks)
 
@@ -158,9 +159,19 @@ def build_candidates(env: Environment, tokenizer, cfg: RunConfig, tasks: list[Ta
             task_id=task.task_id, task_type=task.task_type, solve_rate=rates[task.task_id],
             prompt_ids=prompt_ids(tokenizer, env.solver_prompt(task), prefix),
             target_ids=target_ids(tokenizer, solution),
-            novelty_tokens=novelty_tokens(tokenizer, env.novelty_pair(task)[0], kind),
-            seed_tokens=novelty_tokens(tokenizer, env.novelty_pair(task)[1], kind)))
+            **dict(zip(("novelty_tokens", "seed_tokens"),
+                       candidate_novelty(env, tokenizer, task, kind), strict=True))))
     return out
+
+
+def candidate_novelty(env: Environment, tokenizer, task: Task, kind: str) -> tuple[list, list]:
+    """(tokens of what the proposer wrote, tokens of the closest shown reference): the
+    reference with the largest token Jaccard among all shown (`task.seed_texts`; the
+    environment's `novelty_pair` when there are none), so a copy of any of them scores 0."""
+    mine = novelty_tokens(tokenizer, env.novelty_text(task), kind)
+    texts = task.seed_texts or [env.novelty_pair(task)[1]]
+    refs = [novelty_tokens(tokenizer, t, kind) for t in texts]
+    return mine, max(refs, key=lambda r: token_jaccard(mine, r))
 
 
 def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float],
@@ -250,7 +261,8 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
         step=step, weight_version=stats.weight_version, proposals=len(tasks),
         valid=sum(t.valid for t in tasks), eligible=sum(s.eligible for s in scores),
         solve_rate_mean=_mean_std(proposed_rates)[0], reward_mean=r_mean, reward_std=r_std,
-        reward_distinct=len({round(r, 12) for r in rewards}), loss=stats.loss,
+        reward_distinct=len({round(s.reward, 12) for s in scores if s.eligible}),
+        loss=stats.loss,
         grad_norm=stats.grad_norm,
         solver_accuracy=(sum(v.correct for v in verdicts) / len(verdicts)) if verdicts else 0.0,
         solve_rates=proposed_rates,

@@ -72,8 +72,10 @@ def make_env(cfg: RunConfig, backend: CodeRunner | LeanPool | None) -> Environme
     where nothing is executed or checked (prompting only)."""
     if cfg.task.domain == "lean":
         return LeanEnvironment(cfg, backend)
+    r = cfg.reward
+    heldout = r.soar_heldout_items if r.kind == "soar" and r.soar_heldout == "seeds" else 0
     return CodeEnvironment(cfg.task, backend, seed=cfg.run.seed,
-                           num_references=cfg.proposer.num_references)
+                           num_references=cfg.proposer.num_references, heldout=heldout)
 
 
 def param_globs(spec: str, model: torch.nn.Module) -> list[str] | None:

@@ -23,7 +23,7 @@ from compassplay.step.messages import (
     StepResult,
     Validated,
 )
-from compassplay.step.scoring import merge_shards, merge_utility
+from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync.channel import NcclChannel, free_port, node_address, open_channel
 from compassplay.workers.builders import (
@@ -183,6 +183,7 @@ class LearnerWorker:
                    "grade": graded.timing, "score": Timing.merge([s.timing for s in shards]),
                    "learn": learn_timing}
         cost = step_cost(timings, ROLE_OF, self.cumulative_device_seconds)
+        cost.update(merge_soar(shards))
         self.cumulative_device_seconds = cost["cumulative_device_seconds"]
         domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores), **(recorded or {})}
         stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,

@@ -11,9 +11,10 @@ from compassplay.records import Candidate
 from compassplay.rewards.gradient import GradientScorer, Partials
 from compassplay.rewards.local_reference import group_references, local_partials
 from compassplay.rewards.oracle import naive_partials, reference_grads
-from compassplay.rewards.soar import measured_utility, split_groups
+from compassplay.rewards.soar import make_groups, soar_gains
 from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
+from compassplay.step.heldout import make_heldout
 from compassplay.step.messages import AttemptBatch, Candidates, GradeBatch, ScoredShard, Validated
 from compassplay.step.prompting import candidate_examples
 from compassplay.step.timing import Timing, timed
@@ -65,6 +66,7 @@ class ScorerWorker(Versioned):
         self.env = make_env(cfg, None)
         self.reference = [] if self.local else make_reference(cfg, self.tok)
         self._naive_ref: tuple[int, dict] | None = None
+        self._heldout: list | None = None  # SOAR's held-out problems, built on first use
 
     def load_weights(self, weights: Weights, version: int) -> None:
         self.scorer.load_weights(weights, version)
@@ -91,8 +93,8 @@ class ScorerWorker(Versioned):
     def _score(self, cands: list[Candidate]) -> ScoredShard:
         kind = self.cfg.reward.kind
         if kind == "soar":
-            utility = self._soar(cands)
-            return ScoredShard(cands, [], [], [], 0.0, Timing(), utility=utility)
+            utility, cost = self._soar(cands)
+            return ScoredShard(cands, [], [], [], 0.0, Timing(), utility=utility, soar=cost)
         index = list(range(len(cands)))
         if self.cfg.scorer.shard_mode == "replica":
             index = index[self.shard::self.num_shards]
@@ -136,15 +138,25 @@ class ScorerWorker(Versioned):
         return Partials(*naive_partials(sc.model, sc.params, self._naive_ref[1], examples,
                                         sc.sketch))
 
-    def _soar(self, cands: list[Candidate]) -> dict[str, float]:
-        """Measured utility of this shard's candidate groups (reward.kind=soar)."""
+    def _soar(self, cands: list[Candidate]) -> tuple[dict[str, float], dict[str, float]]:
+        """SOAR (reward.kind=soar) on this shard's candidate groups: per group, a copy of the
+        solver trained on the group's verified solutions, evaluated on the held-out problems;
+        every candidate of the group gets the gain. Also returns the cost (`soar_*` fields)."""
         r = self.cfg.reward
-        groups = split_groups(len(cands), r.soar_groups)[self.shard::self.num_shards]
-        groups = [g for g in groups if g]
+        groups = make_groups(len(cands), r.soar_groups, r.soar_group_size)
+        groups = groups[self.shard::self.num_shards]
         if not groups:
-            return {}
-        values = measured_utility(
+            return {}, {}
+        if self._heldout is None:
+            self._heldout = make_heldout(self.cfg, self.env, self.tok)
+        res = soar_gains(
             self.scorer.model, [candidate_examples([cands[i] for i in g]) for g in groups],
-            self.reference, lr=r.soar_lr, inner_steps=r.soar_inner_steps,
-            pad_id=self.tok.pad_token_id)
-        return {cands[i].task_id: v for g, v in zip(groups, values, strict=True) for i in g}
+            self._heldout, metric=r.soar_metric, inner_steps=r.soar_inner_steps, lr=r.soar_lr,
+            optimizer=r.soar_optimizer, pad_id=self.tok.pad_token_id, reference=self.reference,
+            max_new_tokens=r.soar_max_new_tokens, eos_id=self.tok.eos_token_id,
+            max_batch_tokens=self.cfg.scorer.max_batch_tokens)
+        utility = {cands[i].task_id: v for g, v in zip(groups, res.gains, strict=True)
+                   for i in g}
+        cost = {"soar_seconds": res.seconds, "soar_train_tokens": float(res.train_tokens),
+                "soar_eval_tokens": float(res.eval_tokens), "soar_groups": float(len(groups))}
+        return utility, cost

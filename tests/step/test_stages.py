@@ -13,9 +13,10 @@ from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
 from compassplay.step.prompting import candidate_examples, reference_examples
-from compassplay.step.scoring import merge_shards
+from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing
 from compassplay.verifiers.python_sandbox import PythonSandbox
+from compassplay.workers.builders import make_env
 from compassplay.workers.scorer_worker import ScorerWorker
 
 WRONG = "```output\n'surely not the answer'\n```"
@@ -156,6 +157,27 @@ def test_soar_rewards_are_one_value_per_group(setup):
         RewardSection(kind="soar"), tasks, rates_of(tasks, verdicts), cands, {}, utility)}
     assert scores["p0"].reward == utility["p0"] != 0.0
     assert scores["p1"].reward == 0.0 and scores["p3"].reward == -1.0
+    # SOAR's compute is recorded with the step (merged over shards)
+    cost = merge_soar(shards)
+    assert cost["soar_groups"] == 1 and cost["soar_seconds"] > 0
+    n_tok = sum(len(c.prompt_ids) + len(c.target_ids) for c in cands)
+    assert cost["soar_train_tokens"] == load_config(None).reward.soar_inner_steps * n_tok
+    assert cost["soar_eval_tokens"] > 0
+
+
+def test_soar_groups_get_equal_rewards_within_and_held_out_seeds_leave_the_buffer(setup):
+    _, _, tasks, _, verdicts, cands, _ = setup
+    shards, _ = _scored(setup, ["reward.kind=soar", "reward.soar_group_size=1",
+                                "reward.soar_lr=0.05", "reward.soar_inner_steps=2"], 2)
+    utility = merge_utility(shards)
+    assert set(utility) == {c.task_id for c in cands}  # two groups of one, one per shard
+    assert len(set(utility.values())) == 2
+    assert merge_soar(shards)["soar_groups"] == 2
+    cfg = load_config(None, ["reward.kind=soar", "reward.soar_heldout_items=3"])
+    env = make_env(cfg, None)
+    held = {t.task_id for t in env.heldout}
+    assert len(held) == 3 and not held & {t.task_id for t in env.buffer.pool()}
+    assert len(env.buffer.pool()) + 3 == len(make_env(load_config(None), None).buffer.pool())
 
 
 def test_prefill_is_part_of_the_prompt_not_of_the_target(setup):

@@ -53,7 +53,7 @@ class CodeEnvironment(Environment):
 
     def __init__(self, cfg: TaskSection, runner: CodeRunner, seed: int = 0,
                  num_references: int = 2, induction_inputs: int = 6,
-                 buffer_strategy: Strategy = "uniform") -> None:
+                 buffer_strategy: Strategy = "uniform", heldout: int = 0) -> None:
         self.cfg = cfg
         self.runner = runner
         self.rng = random.Random(seed)
@@ -63,6 +63,16 @@ class CodeEnvironment(Environment):
         self.counters: Counter = Counter()
         self.buffer = TaskBuffer(capacity=cfg.buffer_size, strategy=buffer_strategy)
         seeds, self.seed_skipped = load_seeds(cfg.seed_file, self.banned)
+        self.heldout: list[Task] = []
+        if heldout:  # SOAR's held-out problems: the last io seeds, never in the buffer
+            io = [t for t in seeds if t.task_type != "induction"]
+            if heldout >= len(io):
+                raise ValueError(f"cannot hold out {heldout} of {len(io)} deduction/abduction "
+                                 "seed tasks (reward.soar_heldout_items)")
+            self.heldout = io[-heldout:]
+            kept = {t.task_id for t in io[:-heldout]} | {
+                t.task_id for t in seeds if t.task_type == "induction"}
+            seeds = [t for t in seeds if t.task_id in kept]
         self.buffer.add(seeds)
 
     # ----------------------------------------------------------------- proposer
@@ -122,7 +132,9 @@ class CodeEnvironment(Environment):
 
     def validate(self, tasks: list[Task]) -> list[Task]:
         """Validated copies (valid, invalid_reason, gold outputs); one run_many per call."""
-        return validate_tasks(tasks, self.runner, self.banned, self.counters)
+        return validate_tasks(tasks, self.runner, self.banned, self.counters,
+                              strip=self.cfg.strip_prints,
+                              all_inputs=self.cfg.induction_all_inputs)
 
     # ----------------------------------------------------------------- prefixes
     def response_prefix(self, role: str, task_type: str) -> str:
@@ -192,15 +204,47 @@ class CodeEnvironment(Environment):
 
     # ----------------------------------------------------------------- novelty
     def novelty_pair(self, task: Task) -> tuple[str, str]:
-        """(the proposed program, the first reference program the proposer was shown)."""
-        return task.program, task.seed_program
+        """(what the proposer wrote, the first reference it was shown), as novelty texts."""
+        first = task.seed_texts[0] if task.seed_texts else task.seed_program
+        return self.novelty_text(task), first
+
+    def novelty_text(self, task: Task) -> str:
+        """What the proposer wrote: program and input (deduction/abduction); for induction,
+        where the program is given, its inputs and message."""
+        inputs = "\n".join(x.strip() for x in task.inputs)
+        if task.task_type == "induction":
+            return f"{inputs}\n{task.message.strip()}".strip()
+        return f"{task.program.strip()}\n{inputs}".strip()
+
+    def reference_texts(self, task_type: str, seed_ids: list[str]) -> list[str]:
+        """Every shown reference in the form a `task_type` proposal is compared: program and
+        input for deduction/abduction; for induction the buffer task's own inputs and message
+        (the proposer writes new ones for its program)."""
+        out = []
+        for sid in seed_ids:
+            seed = self.buffer.get(sid)
+            if seed is not None:
+                out.append(self.novelty_text(seed.model_copy(update={"task_type": task_type})))
+        return out
 
     # ------------------------------------------------------------------ buffer
     def seed_of(self, task_id: str) -> Task | None:
         return self.buffer.get(task_id)
 
     def sample_buffer(self, k: int, rng: random.Random) -> list[Task]:
-        return self.buffer.sample(k, rng)
+        """k distinct buffer tasks for the solver. With `typed_seed_tasks` (AZR) each is posed
+        as one of `task.types` drawn uniformly (deduction/abduction tasks come from the shared
+        io pool, so an io seed can be posed as abduction); else as stored."""
+        types = [t for t in self.cfg.types if self.buffer.pool(t)]
+        if not self.cfg.typed_seed_tasks or not types:
+            return self.buffer.sample(k, rng)
+        counts = Counter(rng.choice(types) for _ in range(k))
+        labels = [t for t in ("deduction", "abduction") for _ in range(counts[t])]
+        rng.shuffle(labels)
+        out = [t.model_copy(update={"task_type": lab}) for t, lab in zip(
+            self.buffer.sample(len(labels), rng, "deduction"), labels, strict=False)]
+        return out + (self.buffer.sample(counts["induction"], rng, "induction")
+                      if counts["induction"] else [])
 
     def add_to_buffer(self, tasks: list[Task]) -> int:
         return self.buffer.add(tasks)

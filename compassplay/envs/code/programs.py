@@ -69,6 +69,41 @@ def check_program(src: str, banned_modules: list[str] | tuple[str, ...]) -> str:
     return ""
 
 
+class _DropPrints(ast.NodeTransformer):
+    """Removes `print(...)` expression statements (a body left empty gets `pass`)."""
+
+    def generic_visit(self, node: ast.AST) -> ast.AST:
+        super().generic_visit(node)
+        for name in ("body", "orelse", "finalbody"):
+            body = getattr(node, name, None)
+            if not isinstance(body, list) or not body or not isinstance(body[0], ast.stmt):
+                continue
+            kept = [st for st in body if not _is_print(st)]
+            if len(kept) != len(body):
+                setattr(node, name, kept or ([ast.Pass()] if name == "body" else []))
+        return node
+
+
+def _is_print(st: ast.stmt) -> bool:
+    return (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+            and isinstance(st.value.func, ast.Name) and st.value.func.id == "print")
+
+
+def strip_prints(src: str) -> str:
+    """AZR's clean-up of a proposed program: `print(...)` statements and comments removed
+    (the program is re-rendered by `ast.unparse`). Programs without `print` or `#` are
+    returned unchanged, and so is one that does not parse (the checks reject it)."""
+    if "print" not in src and "#" not in src:
+        return src
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(src)
+        return ast.unparse(ast.fix_missing_locations(_DropPrints().visit(tree)))
+    except (SyntaxError, ValueError, RecursionError):
+        return src
+
+
 def literal(text: str):
     """`ast.literal_eval(text.strip())` without SyntaxWarning/DeprecationWarning noise."""
     with warnings.catch_warnings():

@@ -29,6 +29,7 @@ from compassplay.envs.code.programs import (
     harness,
     normalize_value,
     parse_harness_output,
+    strip_prints,
 )
 from compassplay.envs.code.runner import CodeRunner, ExecResultLike
 from compassplay.records import Task
@@ -40,8 +41,10 @@ STATUS_REASONS = {"error": "runtime_error", "timeout": "timeout", "memory": "mem
                   "output_limit": "output_limit", "killed": "killed"}
 
 
-def static_reason(task: Task, banned: list[str]) -> tuple[str, list[str]]:
-    """Reason a task fails before execution ('' if none) and the inputs to run."""
+def static_reason(task: Task, banned: list[str], all_inputs: bool = False
+                  ) -> tuple[str, list[str]]:
+    """Reason a task fails before execution ('' if none) and the inputs to run.
+    `all_inputs` (AZR): an induction input that is not a literal makes the task invalid."""
     reason = check_program(task.program, banned)
     if reason:
         return reason, []
@@ -50,7 +53,10 @@ def static_reason(task: Task, banned: list[str]) -> tuple[str, list[str]]:
         inputs = []
         for text in task.inputs:
             key = normalize_value(text)
-            if not check_input(text) and key not in seen:
+            bad = check_input(text)
+            if bad and all_inputs:
+                return bad, []
+            if not bad and key not in seen:
                 seen.add(key)
                 inputs.append(text.strip())
         inputs = inputs[:MAX_INDUCTION_INPUTS]
@@ -79,7 +85,7 @@ def _call_reason(rec: CallResult) -> str:
 
 
 def _judge(task: Task, inputs: list[str], r1: ExecResultLike,
-           r2: ExecResultLike) -> Task:
+           r2: ExecResultLike, all_inputs: bool = False) -> Task:
     recs1, reason = _records(r1, len(inputs))
     recs2, reason2 = _records(r2, len(inputs))
     if recs1 is None or recs2 is None:
@@ -95,6 +101,8 @@ def _judge(task: Task, inputs: list[str], r1: ExecResultLike,
     kept_in, kept_out, dropped = [], [], Counter()
     for text, a, b in zip(inputs, recs1, recs2, strict=True):
         reason = _call_reason(a) or _call_reason(b)
+        if reason and all_inputs:  # AZR: one failing input makes the task invalid
+            return _invalid(task, reason)
         if reason:
             dropped[reason] += 1
         elif a.repr != b.repr:
@@ -126,16 +134,26 @@ def _run_twice(runner: CodeRunner, codes: list[str], n: int) -> list[ExecResultL
 
 
 def validate_tasks(tasks: list[Task], runner: CodeRunner, banned: list[str],
-                   counters: Counter | None = None) -> list[Task]:
+                   counters: Counter | None = None, strip: bool = False,
+                   all_inputs: bool = False) -> list[Task]:
     """Validated copies of `tasks` (same order). Tasks that already carry an invalid_reason
-    (e.g. parse failures) pass through unchanged. Reasons are counted as `invalid:<reason>`."""
+    (e.g. parse failures) pass through unchanged. Reasons are counted as `invalid:<reason>`.
+
+    AZR's rules (`TaskSection.strip_prints`, `induction_all_inputs`): `strip` removes print
+    statements and comments from deduction/abduction programs first (`strip_prints`; the task
+    keeps the stripped program); `all_inputs` rejects an induction task when any input fails."""
     out: list[Task | None] = [None] * len(tasks)
     plans: list[tuple[int, list[str]]] = []
+    tasks = list(tasks)
     for i, task in enumerate(tasks):
         if task.invalid_reason:
             out[i] = task
             continue
-        reason, inputs = static_reason(task, banned)
+        if strip and task.task_type != "induction":
+            clean = strip_prints(task.program)
+            if clean != task.program:
+                task = tasks[i] = task.model_copy(update={"program": clean})
+        reason, inputs = static_reason(task, banned, all_inputs)
         if reason:
             out[i] = _invalid(task, reason)
         else:
@@ -145,7 +163,7 @@ def validate_tasks(tasks: list[Task], runner: CodeRunner, banned: list[str],
     n = len(plans)
     results = _run_twice(runner, codes, n) if codes else []
     for j, (i, inputs) in enumerate(plans):
-        out[i] = _judge(tasks[i], inputs, results[j], results[n + j])
+        out[i] = _judge(tasks[i], inputs, results[j], results[n + j], all_inputs)
     final = [t for t in out if t is not None]
     if counters is not None:
         for t, orig in zip(final, tasks, strict=True):

@@ -104,7 +104,9 @@ def test_timeout(quick_runner):
     assert t.invalid_reason == "timeout"
 
 
-def test_induction_validation(env):
+def test_induction_validation(runner):
+    # the pre-AZR rule (task.induction_all_inputs=false): failing inputs are dropped
+    env = CodeEnvironment(TaskSection(types=["induction"], induction_all_inputs=False), runner)
     prog = "def f(x):\n    return 10 // x"
     t = Task(task_id="i", task_type="induction", program=prog, message="m",
              inputs=["1", "2", "0", "dict()", "2", "5"])
