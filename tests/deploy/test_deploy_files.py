@@ -222,11 +222,12 @@ def test_paper_config_learner_and_scorers_pack_on_one_gpu_node(path):
     c, n = cfg.cluster, cfg.scorer.num_scorers
     assert c.placement == "pack_scorers_with_learner"
     node = _node_types()["gpu_worker"]["resources"]
-    gpus = c.learner.num_gpus + n * c.scorer.num_gpus
-    cpus = c.learner.num_cpus + n * c.scorer.num_cpus
+    ranks = cfg.learner.num_ranks
+    gpus = ranks * c.learner.num_gpus + n * c.scorer.num_gpus
+    cpus = ranks * c.learner.num_cpus + n * c.scorer.num_cpus
     assert gpus <= node["GPU"] and cpus <= node["CPU"]
     for name, amount in {**c.learner.resources}.items():
-        assert node[name] >= amount
+        assert node[name] >= ranks * amount
     # Everything GPU-side of one run fits one 8-GPU node.
     assert gpus + c.proposer.num_gpus + c.solver.num_gpus <= node["GPU"]
 
@@ -241,6 +242,7 @@ def test_paper_configs(path):
     assert cfg.solver.n_samples == 8
     assert set(cfg.task.types) == {"deduction", "abduction", "induction"}
     assert cfg.learner.backend == "deepspeed" and cfg.learner.zero_stage == 3
+    assert cfg.learner.num_ranks == 4
     assert cfg.scorer.num_scorers == 2 and cfg.pipeline.staleness == 1
     assert cfg.pipeline.steps == 200 and cfg.logging.prometheus_port == 9400
     assert cfg.reference.path == "reference_math_paper32.jsonl"
