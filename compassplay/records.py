@@ -45,7 +45,8 @@ class Task(Record):
     `seed_program` is the first reference program the proposer was shown; `seed_texts` holds
     the novelty text (`Environment.novelty_text`) of every reference it was shown, filled at
     proposal time (novelty compares with the closest of them);
-    `seed_statement`/`seed_solution` are the Lean seed's statement and verified proof.
+    `seed_statement`/`seed_solution` are the local reference's source: the Lean seed's
+    statement and verified proof; for code, the first shown seed's solver prompt and gold answer.
     """
 
     task_id: str

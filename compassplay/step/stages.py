@@ -241,9 +241,9 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
               cost: dict, domain: dict[str, float] | None = None) -> StepStats:
     """The metrics.jsonl line of one step (`rates`: s(x) per solved task; `cost`: its timing
     and cost fields, `step.timing.step_cost`). `domain`: the environment's metrics
-    (`Environment.step_metrics` plus `record_results`, e.g. Lean's coverage, copy_rate,
-    rename_rate); when given, the distinct reward values among eligible candidates are counted
-    too. Coding runs leave those fields None."""
+    (`Environment.step_metrics` plus `record_results`: copy_rate and rename_rate, and Lean's
+    coverage); when given, the distinct reward values among eligible candidates are counted
+    too."""
     proposed_rates = [rates[t.task_id] for t in tasks if t.task_id in rates]
     rewards = [s.reward for s in scores]
     r_mean, r_std = _mean_std(rewards)

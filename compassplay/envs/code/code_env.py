@@ -24,6 +24,7 @@ from compassplay.config import TaskSection
 from compassplay.engines.base import Segment
 from compassplay.envs.code import code_prompts as prompts
 from compassplay.envs.code.code_buffer import Strategy, TaskBuffer
+from compassplay.envs.code.copies import copy_and_rename_rates
 from compassplay.envs.code.grading import grade_attempts
 from compassplay.envs.code.parsing import (
     CODE_TAGS,
@@ -42,7 +43,7 @@ from compassplay.envs.code.solver_rewards import (
 )
 from compassplay.envs.code.validity import validate_tasks
 from compassplay.envs.interface import Environment
-from compassplay.records import Attempt, Task, Verdict
+from compassplay.records import Attempt, Score, Task, Verdict
 
 INPUT_TOKENS = 40     # template cap of one ```input block (tokens)
 MESSAGE_TOKENS = 48   # template cap of the induction ```message block
@@ -101,7 +102,21 @@ class CodeEnvironment(Environment):
         if reason:
             self.counters[f"parse:{reason}"] += 1
             return task.model_copy(update={"valid": False, "invalid_reason": f"parse:{reason}"})
-        return task.model_copy(update=update)
+        return task.model_copy(update={**update, **self._seed_reference(task_type, seed_ids)})
+
+    def _seed_reference(self, task_type: str, seed_ids: list[str]) -> dict[str, str]:
+        """The local reference of a proposal (`seed_statement`, `seed_solution`): the solver
+        prompt of the first seed it was shown, posed as the proposal's type when that is
+        deduction/abduction (else as stored), and that seed's gold answer, verified by
+        execution when it entered the buffer. {} when the seed is unknown."""
+        seed = self.buffer.get(seed_ids[0]) if seed_ids else None
+        if seed is None or not seed.outputs:
+            return {}
+        io = ("deduction", "abduction")
+        if task_type in io and seed.task_type in io:
+            seed = seed.model_copy(update={"task_type": task_type})
+        return {"seed_statement": self.solver_prompt(seed),
+                "seed_solution": self.gold_answer_text(seed)}
 
     def _parse_proposal(self, task_type: str, text: str,
                         seed_ids: list[str]) -> tuple[dict, str]:
@@ -201,6 +216,21 @@ class CodeEnvironment(Environment):
     def gold_answer_text(self, task: Task) -> str:
         """The gold answer in the solver's answer format."""
         return gold_answer_text(task, self.cfg.answer_format)
+
+    def local_reference(self, task: Task) -> tuple[str, str] | None:
+        """(solver prompt of the seed, its gold answer) recorded at proposal time, or None."""
+        if not task.seed_statement or not task.seed_solution:
+            return None
+        return task.seed_statement, task.seed_solution
+
+    def step_metrics(self, tasks: list[Task], rates: dict[str, float],
+                     scores: list[Score]) -> dict[str, float]:
+        """copy_rate and rename_rate of this step's in-band proposals (valid, 0 < s < 1)
+        against the references each was shown (`envs.code.copies`)."""
+        band = [t for t in tasks if t.source == "proposed" and t.valid
+                and 0.0 < rates.get(t.task_id, 0.0) < 1.0]
+        return copy_and_rename_rates([(self.novelty_text(t), t.seed_texts or [t.seed_program])
+                                      for t in band])
 
     # ----------------------------------------------------------------- novelty
     def novelty_pair(self, task: Task) -> tuple[str, str]:
