@@ -368,6 +368,10 @@ class LoggingSection(Section):
                                  "Prometheus on another host (e.g. a KubeRay head pod)")
     progress: bool = True
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    reference_loss: bool = Field(False, description="after each update the learner logs the "
+                                 "solver's mean loss on the reference set (StepStats."
+                                 "reference_loss, nats/token): one no-grad forward over "
+                                 "reference.max_items items, the same measure for every reward")
 
 
 class ClusterSection(Section):

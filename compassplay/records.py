@@ -149,9 +149,10 @@ class StepStats(Record):
     by_task_type: dict[str, dict[str, float]] = Field(default_factory=dict)
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     step_seconds: float = 0.0
-    # Lean runs only (None otherwise): fraction of targets ever proved; in-band (0<s<1)
-    # conjectures that copy (token Jaccard > 0.8) or rename (alpha-equal) their seed; distinct
-    # reward values among eligible candidates.
+    # Environment metrics (None when the environment has none): Lean's fraction of targets
+    # ever proved; in-band (0<s<1) proposals that copy (token Jaccard > 0.8) or rename
+    # (alpha-equal) a reference they were shown (Lean and code); distinct reward values among
+    # eligible candidates.
     coverage: float | None = None
     copy_rate: float | None = None
     rename_rate: float | None = None
@@ -173,6 +174,9 @@ class StepStats(Record):
     soar_train_tokens: int | None = None
     soar_eval_tokens: int | None = None
     soar_groups: int | None = None
+    # logging.reference_loss only: the solver's mean token cross-entropy (nats) on the
+    # reference set after this step's update.
+    reference_loss: float | None = None
 
 
 # StepStats fields that measure time: they differ between otherwise equal runs

@@ -28,7 +28,9 @@ EVAL_KIND = "eval"
 COST_KIND = "cost"
 STEP_KIND = "step"
 COST_FIELD = "cumulative_device_seconds"
-LEAN_FIELDS = ("coverage", "copy_rate")
+# Step-line curves of `compassplay report` (present when the run logged them): the reference
+# loss (logging.reference_loss), Lean's coverage, copy and rename rates (Lean and code).
+CURVE_FIELDS = ("reference_loss", "coverage", "copy_rate", "rename_rate")
 
 
 @dataclass(frozen=True)

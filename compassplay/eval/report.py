@@ -3,8 +3,8 @@
 Writes into DIR: report.md (tables and notes a person can read without opening JSON),
 summary.json (the same numbers), and PNG figures: accuracy against step and against
 cumulative compute, reward distributions and distinct reward values per batch (eligible
-candidates), Lean coverage and copy rate. A figure whose fields are missing is skipped with a
-note in report.md.
+candidates), the reference loss against step and compute, Lean coverage, copy and rename
+rates. A figure whose fields are missing is skipped with a note in report.md.
 
 Tables follow the paper: per benchmark, each run's mean accuracy over the final quarter of its
 training (eval records with step >= 3/4 of the run's last step), then the mean over the arm's
@@ -172,7 +172,10 @@ def build_report(run_dirs: list[str], out: str | Path, baseline: str | None = No
             arms, {"in-domain": domains["code"], "out-of-domain": domains["math"]},
             out / "accuracy_vs_compute.png")),
         ("Proposer rewards", report_plots.rewards(arms, out / "rewards.png")),
-        ("Lean coverage and copy rate", report_plots.lean(arms, out / "lean.png")),
+        ("Reference loss, coverage, copy and rename rates against step",
+         report_plots.curves(arms, out / "curves.png")),
+        ("Reference loss against cumulative compute",
+         report_plots.reference_loss_vs_cost(arms, out / "reference_loss_vs_compute.png")),
     ]
     md += ["## Figures", ""]
     for title, got in figures:

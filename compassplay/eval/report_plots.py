@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from compassplay.eval.benchmarks import BENCHMARKS
-from compassplay.eval.eval_records import COST_FIELD, LEAN_FIELDS
+from compassplay.eval.eval_records import COST_FIELD, CURVE_FIELDS
 from compassplay.eval.report_data import Run, cost_at, stat
 
 
@@ -145,10 +145,11 @@ def _distinct(run: Run) -> list[tuple[int, float]]:
     return run.series("reward_distinct")
 
 
-def lean(arms: dict[str, list[Run]], out: Path) -> Path | str:
-    present = [k for k in LEAN_FIELDS if any(r.series(k) for rs in arms.values() for r in rs)]
+def curves(arms: dict[str, list[Run]], out: Path) -> Path | str:
+    """Each logged CURVE_FIELDS field against the step, mean +- s.d. over each arm's runs."""
+    present = [k for k in CURVE_FIELDS if any(r.series(k) for rs in arms.values() for r in rs)]
     if not present:
-        return f"Lean curves skipped: no {' / '.join(LEAN_FIELDS)} fields (not a Lean run)"
+        return f"step curves skipped: no {' / '.join(CURVE_FIELDS)} fields in metrics.jsonl"
     plt, fig, axes = _grid(len(present))
     for ax, key in zip(axes, present, strict=False):
         for arm, runs in arms.items():
@@ -156,6 +157,27 @@ def lean(arms: dict[str, list[Run]], out: Path) -> Path | str:
             if steps:
                 ax.errorbar(steps, mean, yerr=sd, marker=".", capsize=2, label=arm)
         ax.set_title(key.replace("_", " "))
-        ax.set_xlabel("iteration")
+        ax.set_xlabel("step")
         ax.legend(fontsize=7)
+    return _save(plt, fig, out)
+
+
+def reference_loss_vs_cost(arms: dict[str, list[Run]], out: Path) -> Path | str:
+    """The reference loss against cumulative device-seconds, one line per run."""
+    runs = [(arm, r) for arm, rs in arms.items() for r in rs if r.series("reference_loss")]
+    if not runs or not any(r.cost for _, r in runs):
+        return ("reference-loss-vs-compute skipped: no reference_loss (logging.reference_loss)"
+                f" or no `{COST_FIELD}` in metrics.jsonl")
+    plt, fig, axes = _grid(1)
+    colors: dict[str, str] = {}
+    for arm, r in runs:
+        pts = [(cost_at(r, s), v) for s, v in r.series("reference_loss")]
+        pts = [(c, v) for c, v in pts if c is not None]
+        if pts:
+            line, = axes[0].plot([c for c, _ in pts], [v for _, v in pts], marker=".",
+                                 color=colors.get(arm), label=None if arm in colors else arm)
+            colors.setdefault(arm, line.get_color())
+    axes[0].set_xlabel("cumulative device-seconds")
+    axes[0].set_ylabel("reference loss (nats/token)")
+    axes[0].legend(fontsize=7)
     return _save(plt, fig, out)

@@ -97,6 +97,22 @@ def batch_losses(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return (ce * batch.weights).sum(1)
 
 
+def mean_example_loss(model: torch.nn.Module, examples: list[Example], pad_id: int = 0,
+                      max_batch_tokens: int = 4096) -> float:
+    """Mean over `examples` of their mean token cross-entropy (nats), without gradient, in
+    micro-batches of at most `max_batch_tokens` padded tokens (the logits of a 49k vocabulary
+    make one padded batch of 32 long examples gigabytes), in eval mode. 0.0 for none."""
+    if not examples:
+        return 0.0
+    dev = next(model.parameters()).device
+    total = 0.0
+    with scoring_mode(model), torch.no_grad():  # eval mode: no dropout
+        for index in plan_batches(examples, max_batch_tokens):
+            batch = make_batch([examples[i] for i in index], index, dev, pad_id)
+            total += float(batch_losses(model, batch).sum())
+    return total / len(examples)
+
+
 def example_loss(model: torch.nn.Module, example: Example) -> torch.Tensor:
     """Scalar loss of one example, computed unpadded (batch of one)."""
     dev = next(model.parameters()).device

@@ -12,6 +12,7 @@ from compassplay.engines.dist import RankInfo
 from compassplay.engines.factory import make_learner
 from compassplay.models.bootstrap import load_policy
 from compassplay.records import StepStats
+from compassplay.rewards.batch import mean_example_loss
 from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from compassplay.step import stages
 from compassplay.step.graph import STEP, StageCall
@@ -30,6 +31,7 @@ from compassplay.workers.builders import (
     configure_torch,
     freeze_except,
     make_env,
+    make_reference,
     role_device,
     role_gpus,
 )
@@ -73,6 +75,7 @@ class LearnerWorker:
         self.ref_model = frozen_copy(self.model) if cfg.learner.kl_coef > 0 else None
         self.learner = self._make_learner()
         self.env = make_env(cfg, None)
+        self.reference = make_reference(cfg, self.tok) if cfg.logging.reference_loss else None
         self.steps_done = 0
         self.version_offset = 0
         self.recent: list[StepStats] = []
@@ -188,6 +191,10 @@ class LearnerWorker:
         domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores), **(recorded or {})}
         stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,
                                  graded.verdicts, scores, lstats, cost, domain or None)
+        if self.reference is not None:
+            stats.reference_loss = mean_example_loss(
+                self.model, self.reference, self.tok.pad_token_id,
+                self.cfg.scorer.max_batch_tokens)
         self.steps_done += 1
         self.recent.append(stats)
         ckpt = ""

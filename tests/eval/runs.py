@@ -30,6 +30,7 @@ def make_run(root: Path, name: str, seed: int, reward: str, offset: float, steps
             if lean:
                 step["coverage"] = 0.1 * s / steps + offset
                 step["copy_rate"] = 0.5 - offset
+                step["reference_loss"] = 2.0 - offset - 0.01 * s
             lines.append(step)
             if samples:
                 for i in range(4):

@@ -35,7 +35,8 @@ def test_report_tables_gains_and_figures(tmp_path):
     assert set(summary["tables"]) == {"code", "math"}
     md = (out / "report.md").read_text()
     assert "| Gain of cos over azr |" in md and "Out-of-domain mathematics" in md
-    for png in ("accuracy_vs_step.png", "accuracy_vs_compute.png", "rewards.png", "lean.png"):
+    for png in ("accuracy_vs_step.png", "accuracy_vs_compute.png", "rewards.png", "curves.png",
+                "reference_loss_vs_compute.png"):
         assert (out / png).stat().st_size > 1000, png
 
 
@@ -46,7 +47,7 @@ def test_missing_fields_skip_figures_with_notes(tmp_path):
     assert main(["report", *map(str, runs), "--group-by", "reward", "--out", str(out)]) == 0
     md = (out / "report.md").read_text()
     assert "no eval records" in md and "cumulative_device_seconds" in md
-    assert "Lean curves skipped" in md
+    assert "step curves skipped" in md and "reference-loss-vs-compute skipped" in md
     assert (out / "rewards.png").exists()  # reward_distinct from the step lines
     assert list(json.loads((out / "summary.json").read_text())["arms"]) == ["cosine"]
     assert main(["report", str(runs[0]), "--baseline", "nope", "--out", str(out)]) == 2
