@@ -1,4 +1,5 @@
-"""`compassplay run | config show | bench NAME | plot | eval | report | reference build`.
+"""`compassplay run | config show | bench NAME | plot | eval | report | experiment | reference
+build`.
 
 Config errors exit with code 2 and a message naming the file and field (no traceback).
 """
@@ -73,6 +74,15 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     report.add_arguments(p)
 
 
+def _add_experiment(sub: argparse._SubParsersAction) -> None:
+    from compassplay.run import experiment
+
+    p = sub.add_parser("experiment", help="a controlled comparison: every arm x seed, then a "
+                       "report", description=experiment.__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    experiment.add_arguments(p)
+
+
 def _add_reference(sub: argparse._SubParsersAction) -> None:
     from compassplay.eval import reference_build
 
@@ -93,6 +103,7 @@ def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
     _add_plot(sub)
     _add_eval(sub)
     _add_report(sub)
+    _add_experiment(sub)
     _add_reference(sub)
     return parser
 
@@ -162,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
             from compassplay.eval import report
 
             return report.run(args)
+        if args.cmd == "experiment":
+            from compassplay.run import experiment
+
+            return experiment.run(args)
         if args.cmd == "reference":
             from compassplay.eval import reference_build
 
