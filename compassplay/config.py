@@ -427,6 +427,10 @@ class RunConfig(Section):
                                      "learner)")
             if not self.learner.shared_model:
                 raise ValueError("learner.weight_sync=ipc: needs learner.shared_model=true")
+            if self.learner.num_ranks != 1:
+                raise ValueError("learner.weight_sync=ipc: needs learner.num_ranks=1 (the "
+                                 "engines map one GPU's weights; use learner.weight_sync=nccl "
+                                 "with a learner group)")
         for r in ("proposer", "solver"):
             sec = getattr(self, r)
             if sec.engine != "vllm" and (sec.tensor_parallel_size != 1

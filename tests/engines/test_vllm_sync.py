@@ -261,6 +261,10 @@ def test_ipc_config_checks():
                            "solver.enable_sleep_mode=true", "solver.tensor_parallel_size=2"])
     with pytest.raises(ConfigError, match="tensor_parallel_size.*vllm options"):
         load_config(None, ["proposer.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="weight_sync=ipc: needs learner.num_ranks=1"):
+        load_config(None, ["learner.weight_sync=ipc", "solver.engine=vllm",
+                           "solver.enable_sleep_mode=true", "learner.backend=deepspeed",
+                           "learner.num_ranks=2"])
     cfg = load_config(None, ["learner.weight_sync=ipc", "solver.engine=vllm",
                              "solver.enable_sleep_mode=true"])
     with pytest.raises(ConfigError, match=r"cluster\.learner\.num_gpus, cluster\.solver"):
