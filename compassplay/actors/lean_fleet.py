@@ -66,7 +66,9 @@ class LeanVerifierFleet:
         self.poll(extra=len(checks))
         if not self._actors:
             self._add()
-        actor = min(self._actors, key=lambda a: self._load[id(a)])
+        # placed actors first: one that waits for resources would hold the batch back
+        placed = [a for a in self._actors if id(a) not in self._unplaced] or self._actors
+        actor = min(placed, key=lambda a: self._load[id(a)])
         ref = actor.check_many.remote(checks)
         self._refs[ref] = (actor, len(checks))
         self._load[id(actor)] += len(checks)
@@ -98,6 +100,11 @@ class LeanVerifierFleet:
         self.history.append((round(self._clock() - self._t0, 2), backlog, len(self._actors)))
         return len(self._actors)
 
+    def placed(self) -> int:
+        """Actors placed and started (the others wait for resources)."""
+        self._check_placed()
+        return len(self._actors) - len(self._unplaced)
+
     def unplaced_ages(self) -> list[float]:
         """Seconds each actor not yet placed and started has waited (oldest first)."""
         self._check_placed()
@@ -108,10 +115,14 @@ class LeanVerifierFleet:
         """What one LeanVerifier asks the cluster for."""
         return {"CPU": self._options["num_cpus"], **self._options["resources"]}
 
-    def drop_unplaced(self) -> int:
-        """Kill the actors not placed yet (their queued batches fail); returns how many."""
+    def drop_unplaced(self, loaded_older_than: float | None = None) -> int:
+        """Kill the actors not placed yet (their queued batches fail); with
+        `loaded_older_than` only those holding checks and waiting longer; returns how many."""
         self._check_placed()
-        gone = [a for a in self._actors if id(a) in self._unplaced]
+        now = self._clock()
+        gone = [a for a in self._actors if id(a) in self._unplaced and (
+            loaded_older_than is None or (self._load[id(a)] > 0 and
+                                          now - self._unplaced[id(a)][1] > loaded_older_than))]
         for actor in gone:
             self._remove(actor)
         for ref in [r for r, (a, _) in self._refs.items() if any(a is g for g in gone)]:

@@ -6,7 +6,8 @@ verifier actor checks through a `FleetLeanPool` (LeanPool's interface: check_man
     verdicts = pool.check_many(checks)               # spread over LeanVerifier actors
 
 `LeanFleetActor.submit` resizes the fleet for the new backlog (the scaling policy is the pure
-`LeanScaler`) and splits the batch over up to `size()` LeanVerifier actors, returning their
+`LeanScaler`) and splits the batch over the placed LeanVerifier actors (all of it to one still
+waiting for resources only when none is placed), returning their
 ObjectRefs: the verifier actor waits on them, not the fleet actor. A background thread polls
 every `scaling.poll_s`, so actors go after `scaling.idle_grace_s` without traffic, and records
 (t, backlog, actors) whenever they change (`history()`; the driver writes lean_fleet.jsonl and
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import ray
-from ray.exceptions import RayError
+from ray.exceptions import RayActorError, RayError
 
 from compassplay.actors.lean_fleet import LeanVerifierFleet
 from compassplay.errors import FatalStageError, ResourceWaitError
@@ -39,6 +40,13 @@ from compassplay.verifiers.lean_messages import STATUSES, LeanVerdict
 from compassplay.verifiers.lean_pool import LeanCheck, LeanPool, as_check
 
 log = logging.getLogger(__name__)
+
+RESUBMITS = 2  # times a batch whose LeanVerifier died is sent again
+
+
+class _Resubmit(Exception):
+    """A batch's LeanVerifier died (or was dropped): send the batch again."""
+
 
 Problem = tuple[str, str]  # (kind: '' | 'resource' | 'start', message)
 NO_PROBLEM: Problem = ("", "")
@@ -83,7 +91,8 @@ class LeanFleetActor:
                 return [], self._problem
             f = self.fleet
             f.poll(extra=len(checks))
-            parts = max(1, min(f.size(), math.ceil(len(checks) / f.scaler.checks_per_actor)))
+            parts = max(1, min(f.placed(), math.ceil(len(checks) / f.scaler.checks_per_actor)))
+            # (none placed yet: the whole batch waits on one actor; see _watch for the rest)
             size = math.ceil(len(checks) / parts)
             refs = [f.submit(list(checks[i:i + size])) for i in range(0, len(checks), size)]
             self._note()
@@ -146,6 +155,16 @@ class LeanFleetActor:
         ages = f.unplaced_ages()
         if not ages:
             return
+        if f.placed() and f.drop_unplaced(loaded_older_than=min(
+                self.cfg.resource_wait_s or self.log_every_s, self.log_every_s)):
+            # checks wait on an actor the cluster cannot place while others run: the
+            # FleetLeanPool sees the batch fail and resubmits it (to the placed actors)
+            log.warning("dropped LeanVerifier actors that waited for placement with checks "
+                        "queued; %d placed actor(s) take them", f.placed())
+            self._note()
+            ages = f.unplaced_ages()
+            if not ages:
+                return
         wait, now = self.cfg.resource_wait_s, time.monotonic()
         if ages[0] >= self.log_every_s and now - self._last_log >= self.log_every_s:
             self._last_log = now
@@ -154,7 +173,7 @@ class LeanFleetActor:
                         f.actor_request(), _free(),
                         f"giving up after {wait:.0f} s (verifiers.lean.resource_wait_s)" if wait
                         else "waiting for an autoscaler (verifiers.lean.resource_wait_s=0)")
-        if wait and ages[0] > wait:
+        if wait and ages[0] > wait and not f.placed():  # some placed: the fleet runs smaller
             total = ray.cluster_resources()
             asked = {k: total.get(k, 0.0) for k in f.actor_request()}
             self._problem = ("resource", (
@@ -199,6 +218,18 @@ class FleetLeanPool:
 
     def _on_fleet(self, checks: list[LeanCheck]) -> list[LeanVerdict] | None:
         """The fleet's verdicts; None after switching to a local pool."""
+        for attempt in range(RESUBMITS + 1):
+            try:
+                return self._fleet_once(checks)
+            except _Resubmit as exc:
+                if attempt == RESUBMITS:
+                    raise RuntimeError(f"{len(checks)} Lean checks failed {attempt + 1} times "
+                                       f"on the fleet: its LeanVerifier died ({exc})") from exc
+                log.warning("%d Lean checks failed on the fleet (%s); resubmitting them "
+                            "(%d of %d)", len(checks), exc, attempt + 1, RESUBMITS)
+        raise AssertionError("unreachable")
+
+    def _fleet_once(self, checks: list[LeanCheck]) -> list[LeanVerdict] | None:
         refs, problem = ray.get(self.fleet.submit.remote(checks))
         if problem != NO_PROBLEM:
             return self._handle(problem)
@@ -220,6 +251,11 @@ class FleetLeanPool:
                                 len(pending), len(refs),
                                 ray.get(self.fleet.state.remote(), timeout=60))
             return [v for batch in ray.get(refs) for v in batch]
+        except RayActorError as exc:  # e.g. its actor was dropped while waiting for placement
+            problem = ray.get(self.fleet.problem.remote(), timeout=60)
+            if problem != NO_PROBLEM:
+                return self._handle(problem)
+            raise _Resubmit(type(exc).__name__) from exc
         except RayError:
             problem = ray.get(self.fleet.problem.remote(), timeout=60)
             if problem != NO_PROBLEM:
