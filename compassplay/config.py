@@ -206,6 +206,13 @@ class ActorResources(Section):
     resources: dict[str, float] = Field(default_factory=dict)
 
 
+class LeanActorResources(ActorResources):
+    """One LeanVerifier actor's Ray resources: `lean_repl` unless set otherwise, so a partial
+    override (`verifiers.lean.actor.num_cpus=0.25`) keeps it; `{}` lands on any node."""
+
+    resources: dict[str, float] = Field(default_factory=lambda: {"lean_repl": 1.0})
+
+
 class LeanScalingSection(Section):
     """How many LeanVerifier actors run (compassplay/verifiers/lean_scaling.py)."""
 
@@ -215,6 +222,8 @@ class LeanScalingSection(Section):
                                   "target = ceil(backlog / checks_per_actor)")
     idle_grace_s: float = Field(60.0, ge=0.0, description="demand must stay below the current "
                                 "count this long (s) before actors are removed")
+    poll_s: float = Field(1.0, gt=0.0, le=60.0, description="how often (s) the fleet reaps "
+                          "finished checks and resizes when no check arrives")
 
     @model_validator(mode="after")
     def _min_le_max(self) -> LeanScalingSection:
@@ -241,10 +250,21 @@ class LeanSection(Section):
                                 "its RSS is above this (MiB, 0 = never)")
     max_uses: int = Field(500, ge=0, description="restart a REPL after this many checks (0 = never)")
     max_reply_bytes: int = Field(8 << 20, ge=1024, description="longest accepted REPL reply")
-    actor: ActorResources = Field(
-        default_factory=lambda: ActorResources(num_cpus=1.0, resources={"lean_repl": 1.0}),
+    actor: LeanActorResources = Field(
+        default_factory=LeanActorResources,
         description="Ray resources of one LeanVerifier actor; `lean_repl` nodes advertise them")
     scaling: LeanScalingSection = Field(default_factory=LeanScalingSection)
+    backend: Literal["fleet", "local"] = Field(
+        "fleet", description="Ray executor: fleet = verifier actors send their Lean checks to a "
+        "LeanVerifierFleet (LeanVerifier actors asking `actor`, sized by `scaling`); local = "
+        "each verifier actor owns a pool of `processes` REPLs. The local executor is always local")
+    resource_wait_s: float = Field(
+        900.0, ge=0.0, description="fleet: seconds checks wait for a LeanVerifier actor to be "
+        "placed (no node with a free `actor.resources`) before `on_no_resource` applies; "
+        "pending actors are logged every 10 s; 0 = wait forever (an autoscaler adds Lean nodes)")
+    on_no_resource: Literal["fail", "local"] = Field(
+        "fail", description="fleet, after resource_wait_s: fail the run with a message naming "
+        "the resource, or fall back to a local pool in each verifier actor")
 
 
 class VerifierSection(Section):

@@ -21,3 +21,13 @@ class ActorStartError(RunError):
 
 class RunInterrupted(RunError):
     """The user pressed Ctrl-C; the message says how to resume."""
+
+
+class FatalStageError(RunError):
+    """A stage failed in a way a retry cannot fix: the driver stops the run at once."""
+
+
+class ResourceWaitError(FatalStageError):
+    """Actors asking for a resource (e.g. `lean_repl`) were not placed within the configured
+    wait: no node offers it and no autoscaler added one. A step that fails with it is not
+    retried (it would wait again)."""

@@ -157,6 +157,10 @@ class StepStats(Record):
     copy_rate: float | None = None
     rename_rate: float | None = None
     eligible_reward_distinct: int | None = None
+    # Lean runs on the Ray executor with verifiers.lean.backend=fleet (None otherwise):
+    # LeanVerifier actors when the step was recorded, and the most alive since the last step.
+    lean_actors: int | None = None
+    lean_actors_peak: int | None = None
     # cost accounting (Unix seconds; device-seconds: GPU where a role has GPUs, else CPU)
     stage_start: dict[str, float] = Field(default_factory=dict)
     stage_end: dict[str, float] = Field(default_factory=dict)
@@ -179,10 +183,12 @@ class StepStats(Record):
     reference_loss: float | None = None
 
 
-# StepStats fields that measure time: they differ between otherwise equal runs
+# StepStats fields that measure time (or, for the Lean fleet's actor counts, how a cluster
+# served the step): they differ between otherwise equal runs
 TIMING_FIELDS = ("stage_seconds", "step_seconds", "stage_start", "stage_end", "step_start",
                  "step_end", "device_seconds", "step_device_seconds",
-                 "cumulative_device_seconds", "soar_seconds")
+                 "cumulative_device_seconds", "soar_seconds", "lean_actors",
+                 "lean_actors_peak")
 
 
 class Trajectory(Record):

@@ -33,7 +33,8 @@ class LeanVerifierFleet:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.pool_kwargs = dict(pool_kwargs)
         self.scaler = scaler
-        self._options = lean_actor_options(num_cpus, resources or {"lean_repl": 1.0},
+        self._options = lean_actor_options(num_cpus, {"lean_repl": 1.0} if resources is None
+                                           else resources,
                                            int(pool_kwargs.get("processes", 2)))
         self._clock = clock
         self._actors: list[Any] = []
@@ -41,6 +42,8 @@ class LeanVerifierFleet:
         self._refs: dict[Any, tuple[Any, int]] = {}  # ref -> (actor, checks)
         self.history: list[tuple[float, int, int]] = []  # (t s, backlog, actors) per poll
         self._t0 = clock()
+        self._unplaced: dict[int, tuple[Any, float]] = {}  # id(actor) -> (ready ref, added at)
+        self.failure = ""  # why a LeanVerifier could not start (its constructor's error)
         for _ in range(scaler.min_actors):
             self._add()
 
@@ -63,7 +66,9 @@ class LeanVerifierFleet:
         self.poll(extra=len(checks))
         if not self._actors:
             self._add()
-        actor = min(self._actors, key=lambda a: self._load[id(a)])
+        # placed actors first: one that waits for resources would hold the batch back
+        placed = [a for a in self._actors if id(a) not in self._unplaced] or self._actors
+        actor = min(placed, key=lambda a: self._load[id(a)])
         ref = actor.check_many.remote(checks)
         self._refs[ref] = (actor, len(checks))
         self._load[id(actor)] += len(checks)
@@ -82,7 +87,9 @@ class LeanVerifierFleet:
             done, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
             for ref in done:
                 actor, n = self._refs.pop(ref)
-                self._load[id(actor)] -= n
+                if id(actor) in self._load:
+                    self._load[id(actor)] -= n
+        self._check_placed()
         backlog = self.backlog() + extra
         target = self.scaler.decide(backlog, len(self._actors), self._clock())
         while len(self._actors) < target:
@@ -93,6 +100,48 @@ class LeanVerifierFleet:
         self.history.append((round(self._clock() - self._t0, 2), backlog, len(self._actors)))
         return len(self._actors)
 
+    def placed(self) -> int:
+        """Actors placed and started (the others wait for resources)."""
+        self._check_placed()
+        return len(self._actors) - len(self._unplaced)
+
+    def unplaced_ages(self) -> list[float]:
+        """Seconds each actor not yet placed and started has waited (oldest first)."""
+        self._check_placed()
+        now = self._clock()
+        return sorted((now - t for _, t in self._unplaced.values()), reverse=True)
+
+    def actor_request(self) -> dict[str, float]:
+        """What one LeanVerifier asks the cluster for."""
+        return {"CPU": self._options["num_cpus"], **self._options["resources"]}
+
+    def drop_unplaced(self, loaded_older_than: float | None = None) -> int:
+        """Kill the actors not placed yet (their queued batches fail); with
+        `loaded_older_than` only those holding checks and waiting longer; returns how many."""
+        self._check_placed()
+        now = self._clock()
+        gone = [a for a in self._actors if id(a) in self._unplaced and (
+            loaded_older_than is None or (self._load[id(a)] > 0 and
+                                          now - self._unplaced[id(a)][1] > loaded_older_than))]
+        for actor in gone:
+            self._remove(actor)
+        for ref in [r for r, (a, _) in self._refs.items() if any(a is g for g in gone)]:
+            self._refs.pop(ref)
+        return len(gone)
+
+    def _check_placed(self) -> None:
+        if not self._unplaced:
+            return
+        refs = {ref: key for key, (ref, _) in self._unplaced.items()}
+        done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        for ref in done:
+            self._unplaced.pop(refs[ref])
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 -- reported by failure, once
+                from compassplay.actors.startup import describe_cause
+                self.failure = self.failure or describe_cause(exc)
+
     def stats(self) -> list[dict[str, Any]]:
         """Each actor's pool stats (blocks until every actor answers)."""
         return ray.get([a.stats.remote() for a in self._actors])
@@ -102,18 +151,21 @@ class LeanVerifierFleet:
         actor = LeanVerifier.options(**self._options).remote(**self.pool_kwargs)
         self._actors.append(actor)
         self._load[id(actor)] = 0
+        self._unplaced[id(actor)] = (actor.ready.remote(), self._clock())
 
     def _remove(self, actor: Any) -> None:
         self._actors.remove(actor)
         self._load.pop(id(actor), None)
-        try:  # stop its REPL process groups before the actor process goes
-            ray.get(actor.close.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 -- a dead actor has nothing left to close
-            pass
+        if self._unplaced.pop(id(actor), None) is None:
+            try:  # stop its REPL process groups before the actor process goes
+                ray.get(actor.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 -- a dead actor has nothing left to close
+                pass
         ray.kill(actor)
 
     def close(self) -> None:
         """Close and kill every actor (in-flight batches fail)."""
+        self._check_placed()
         for actor in list(self._actors):
             self._remove(actor)
         self._refs.clear()

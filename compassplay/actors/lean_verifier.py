@@ -23,6 +23,10 @@ class LeanVerifier:
     def __init__(self, **pool_kwargs: Any) -> None:
         self._pool = LeanPool(**pool_kwargs).start()
 
+    def ready(self) -> bool:
+        """True once placed and its pool started (the fleet's placement check)."""
+        return True
+
     def check_many(self, requests: list[LeanCheck | str]) -> list[LeanVerdict]:
         return self._pool.check_many(requests)
 
@@ -35,7 +39,9 @@ class LeanVerifier:
 
 def lean_actor_options(num_cpus: float, resources: dict[str, float],
                        processes: int) -> dict[str, Any]:
-    """`.options()` of one LeanVerifier: its resources, and room for several concurrent
-    check_many calls (they queue inside the pool, which is what `stats()["backlog"]` counts)."""
+    """`.options()` of one LeanVerifier: its resources, room for several concurrent
+    check_many calls (they queue inside the pool, which is what `stats()["backlog"]` counts),
+    and restarts with retried calls (a check is idempotent)."""
     return {"num_cpus": num_cpus, "resources": dict(resources),
-            "max_concurrency": max(4, 2 * processes)}
+            "max_concurrency": max(4, 2 * processes), "max_restarts": -1,
+            "max_task_retries": -1}

@@ -41,13 +41,14 @@ class ActorSet:
     placement_groups: list[Any] = field(default_factory=list)
     evaluator: Any = None  # only with eval.every_steps > 0
     learner_pg: Any = None  # the placement group the learner ranks run in (None: none)
+    lean_fleet: Any = None  # only with task.domain=lean and verifiers.lean.backend=fleet
 
     def __post_init__(self) -> None:
         if not isinstance(self.learner, LearnerGroup):  # one actor handle: a group of one
             self.learner = LearnerGroup([self.learner])
 
     def all(self) -> list[Any]:
-        extra = [self.evaluator] if self.evaluator is not None else []
+        extra = [a for a in (self.evaluator, self.lean_fleet) if a is not None]
         return [self.proposer, self.solver, *self.verifiers, *self.scorers,
                 *self.learner.ranks, *extra]
 
@@ -60,9 +61,16 @@ class ActorSet:
         out.update({f"scorer-{i}": a for i, a in enumerate(self.scorers)})
         if self.evaluator is not None:
             out["eval"] = self.evaluator
+        if self.lean_fleet is not None:
+            out["lean-fleet"] = self.lean_fleet
         return out
 
     def shutdown(self) -> None:
+        if self.lean_fleet is not None:  # stop its LeanVerifiers' REPL process groups first
+            try:
+                ray.get(self.lean_fleet.close.remote(), timeout=60)
+            except Exception as exc:  # noqa: BLE001 -- killed below either way
+                log.warning("closing the Lean fleet failed (%s); killing it", exc)
         for a in self.all():
             ray.kill(a, no_restart=True)
         for pg in self.placement_groups:
@@ -99,7 +107,36 @@ def requests(cfg: RunConfig) -> dict[str, dict[str, float]]:
     out.update({f"scorer-{i}": _bundle(c.scorer) for i in range(cfg.scorer.num_scorers)})
     if cfg.eval.every_steps:
         out["eval"] = _bundle(c.eval)
+    if uses_lean_fleet(cfg):
+        out["lean-fleet"] = {}
     return out
+
+
+def uses_lean_fleet(cfg: RunConfig) -> bool:
+    """Lean checks go to a LeanVerifierFleet (task.domain=lean, verifiers.lean.backend=fleet)."""
+    return cfg.task.domain == "lean" and cfg.verifiers.lean.backend == "fleet"
+
+
+def make_lean_fleet(cfg: RunConfig) -> Any:
+    """The run's LeanFleetActor (no CPU of its own; its LeanVerifiers ask verifiers.lean.actor),
+    after a log line on what the cluster offers of the resources they ask for."""
+    from compassplay.actors.lean_router import LeanFleetActor
+
+    lc = cfg.verifiers.lean
+    total = ray.cluster_resources()
+    have = {k: total.get(k, 0.0) for k in lc.actor.resources}
+    log.info("Lean checks go to LeanVerifier actors (%s..%s, each asks %s CPU + %s); the "
+             "cluster has %s", lc.scaling.min_actors, lc.scaling.max_actors, lc.actor.num_cpus,
+             lc.actor.resources, have)
+    missing = [k for k, v in have.items() if not v]
+    if missing:
+        log.warning("no node advertises %s: LeanVerifier actors stay pending until an autoscaler "
+                    "adds one; %s", missing,
+                    f"the run gives up after {lc.resource_wait_s:.0f} s "
+                    f"(verifiers.lean.resource_wait_s, on_no_resource={lc.on_no_resource})"
+                    if lc.resource_wait_s else "verifiers.lean.resource_wait_s=0: waiting forever")
+    return LeanFleetActor.options(name=f"{cfg.run.name}:lean-fleet", num_cpus=0,
+                                  **RETRY_FOREVER).remote(lc)
 
 
 def wait_placement_group(pg, timeout_s: float, log_every_s: float = 10.0) -> None:
@@ -172,11 +209,13 @@ def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
         c.proposer, f"{run}:proposer", RESTART_ONLY)).remote(cfg)
     solver = SolverActor.options(**actor_options(
         c.solver, f"{run}:solver", RESTART_ONLY)).remote(cfg)
+    lean_fleet = make_lean_fleet(cfg) if uses_lean_fleet(cfg) else None
     verifiers = [VerifierActor.options(**actor_options(
-        c.verifier, f"{run}:verifier-{i}", RETRY_FOREVER)).remote(cfg)
+        c.verifier, f"{run}:verifier-{i}", RETRY_FOREVER)).remote(cfg, lean_fleet)
         for i in range(c.num_verifiers)]
     evaluator = None
     if cfg.eval.every_steps:  # evaluate() is idempotent: retried on a restarted actor
         evaluator = EvalActor.options(**actor_options(
             c.eval, f"{run}:eval", RETRY_FOREVER)).remote(cfg)
-    return ActorSet(proposer, solver, verifiers, scorers, learner, pgs, evaluator, learner_pg)
+    return ActorSet(proposer, solver, verifiers, scorers, learner, pgs, evaluator, learner_pg,
+                    lean_fleet)

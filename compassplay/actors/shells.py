@@ -95,8 +95,15 @@ class SolverActor(_Receiver):
 
 @ray.remote
 class VerifierActor(_Shell):
-    def __init__(self, cfg: RunConfig) -> None:
-        self._build(lambda: VerifierWorker(cfg))
+    def __init__(self, cfg: RunConfig, lean_fleet: Any = None) -> None:
+        """`lean_fleet`: the run's LeanFleetActor (task.domain=lean, verifiers.lean.backend=
+        fleet); Lean checks then go to its LeanVerifier actors instead of a pool of our own."""
+        def make() -> VerifierWorker:
+            if lean_fleet is None:
+                return VerifierWorker(cfg)
+            from compassplay.actors.lean_router import FleetLeanPool
+            return VerifierWorker(cfg, backend=FleetLeanPool(lean_fleet, cfg.verifiers.lean))
+        self._build(make)
 
     def stats(self) -> dict:
         return self.role.stats()

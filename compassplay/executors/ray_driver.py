@@ -28,6 +28,13 @@ object-store snapshot of its own), without waiting. Each recorded step collects 
 evaluations (`ray.wait(timeout=0)`) and writes them as "eval" lines with their step and
 version; at the end the driver waits at most `eval.final_wait_s` for those still running.
 
+Lean (task.domain=lean, verifiers.lean.backend=fleet): the verifier actors send their Lean
+checks to the run's LeanFleetActor (`actors.lean_router`), which grows and shrinks a set of
+LeanVerifier actors with the backlog. Each recorded step gets the fleet's actor count
+(`lean_actors`, and `lean_actors_peak` since the previous step); at the end its (t, backlog,
+actors) changes go to lean_fleet.jsonl. A fleet that cannot place an actor within
+`verifiers.lean.resource_wait_s` stops the run with a message naming the resource (no retry).
+
 Faults: verifier and scorer actors restart and Ray retries their in-flight calls (both are
 idempotent). A solver death fails the steps in flight, which are resubmitted. A proposer or
 learner death (they hold the task buffer and the optimizer) rolls back to the latest checkpoint.
@@ -52,7 +59,7 @@ from ray.exceptions import RayError
 from compassplay.actors.placement import ActorSet, create_actors, create_learner, requests
 from compassplay.actors.startup import describe_cause, failed_call, wait_ready
 from compassplay.config import RunConfig
-from compassplay.errors import RunError
+from compassplay.errors import FatalStageError, RunError
 from compassplay.executors.ray_session import call_when_up, init_ray
 from compassplay.records import StepStats
 from compassplay.run.interrupt import StopRequest
@@ -137,6 +144,7 @@ class Pipeline:
         self._stats_refs: dict[str, Any] = {}
         self.evals: list[PendingEval] = []
         self.eval_reports: list[EvalReport] = []
+        self.lean_history: list[tuple[float, int, int]] = []  # (t s, backlog, actors)
 
     # ------------------------------------------------------------------------------- weights
     def _snapshot(self) -> dict[str, tuple[Any, list]]:
@@ -251,6 +259,8 @@ class Pipeline:
     # ------------------------------------------------------------------------------- record
     def _record(self, result: StepResult) -> None:
         stats = result.stats
+        if self.actors.lean_fleet is not None:
+            stats = stats.model_copy(update=self._lean_state())
         self.recorded.append(stats)
         self.recorded_at.append(time.perf_counter())
         if self.runlog is not None:
@@ -262,6 +272,34 @@ class Pipeline:
         self._collect_evals()
         if self.progress is not None:
             self.progress(stats)
+
+    def _lean_state(self) -> dict[str, int | None]:
+        """The Lean fleet's actor count now and its peak since the last step."""
+        try:
+            state = ray.get(self.actors.lean_fleet.state.remote(), timeout=60)
+        except RayError as exc:
+            log.warning("Lean fleet state unavailable (%s)", type(exc).__name__)
+            return {}
+        log.info("Lean fleet: %d LeanVerifier actor(s) (peak %d since the last step), backlog "
+                 "%d, unplaced %d", state["actors"], state["peak"], state["backlog"],
+                 state["unplaced"])
+        if self.metrics is not None:
+            self.metrics.observe_lean(state)
+        return {"lean_actors": state["actors"], "lean_actors_peak": state["peak"]}
+
+    def _finish_lean(self) -> None:
+        """Keep the fleet's (t, backlog, actors) history and write it to lean_fleet.jsonl."""
+        if self.actors.lean_fleet is None:
+            return
+        try:
+            self.lean_history = ray.get(self.actors.lean_fleet.history.remote(), timeout=60)
+        except RayError as exc:
+            log.warning("Lean fleet history unavailable (%s)", type(exc).__name__)
+            return
+        import json
+        with open(self.run_dir / "lean_fleet.jsonl", "w") as fh:
+            for t, backlog, actors in self.lean_history:
+                fh.write(json.dumps({"t": t, "backlog": backlog, "actors": actors}) + "\n")
 
     def _poll_verifier_stats(self) -> None:
         """Collect the sandbox stats of every verifier without blocking: the replies that
@@ -300,6 +338,8 @@ class Pipeline:
         a = self.actors
         self.failures[failed] = self.failures.get(failed, 0) + 1
         where = failed_call(exc)
+        if is_fatal(exc):
+            raise RunError(f"step {failed} failed in {where}: {describe_cause(exc)}") from None
         if self.failures[failed] > self.cfg.pipeline.max_step_retries:
             raise RunError(f"step {failed} failed {self.failures[failed]} times; last failure "
                            f"in {where}: {describe_cause(exc)} (raise pipeline.max_step_retries "
@@ -378,7 +418,20 @@ class Pipeline:
                 continue
             self._record(result)
         self._finish_evals()
+        self._finish_lean()
         return self.recorded
+
+
+def is_fatal(exc: BaseException) -> bool:
+    """A stage error a retry cannot fix (`FatalStageError`, e.g. no node offers lean_repl)."""
+    seen: Any = exc
+    for _ in range(4):
+        if isinstance(seen, FatalStageError):
+            return True
+        seen = getattr(seen, "cause", None)
+        if seen is None:
+            break
+    return "FatalStageError" in str(exc) or "ResourceWaitError" in str(exc)
 
 
 def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool = False,

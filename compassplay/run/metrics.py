@@ -49,6 +49,10 @@ class RunMetrics:
         self.loss = Gauge("compassplay_learner_loss", "policy loss of the last step", registry=r)
         self.grad_norm = Gauge("compassplay_learner_grad_norm", "pre-clip gradient norm",
                                registry=r)
+        self.lean_actors = Gauge("compassplay_lean_actors", "LeanVerifier actors of the Lean "
+                                 "fleet (task.domain=lean)", registry=r)
+        self.lean_backlog = Gauge("compassplay_lean_backlog", "Lean checks submitted to the "
+                                  "fleet and not finished", registry=r)
         self.steps_retried = Counter("compassplay_steps_retried",
                                      "steps resubmitted after an actor failure", registry=r)
         self._last_runs: tuple[float, int] | None = None
@@ -72,6 +76,11 @@ class RunMetrics:
         self.scorer_seconds.set(s.stage_seconds.get("score", 0.0))
         self.loss.set(s.loss)
         self.grad_norm.set(s.grad_norm)
+
+    def observe_lean(self, state: dict) -> None:
+        """The Lean fleet's `LeanFleetActor.state()`."""
+        self.lean_actors.set(state.get("actors", 0))
+        self.lean_backlog.set(state.get("backlog", 0))
 
     def observe_verifiers(self, snapshots: dict[str, dict], now: float) -> None:
         """SandboxStats snapshots by verifier actor (the latest of each): runs by status and

@@ -1,5 +1,6 @@
 """The verifier worker: validates proposals and grades attempts on a sandbox pool (coding) or a
-Lean REPL pool (lean)."""
+Lean REPL pool (lean; on the Ray executor by default the run's Lean fleet, passed in as
+`backend`: see compassplay/actors/lean_router.py)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,10 @@ class VerifierWorker:
     """Validates proposals and grades attempts on an OS-isolated sandbox pool. Several
     verifiers split each call: worker `call.part` of `call.parts` takes one contiguous slice."""
 
-    def __init__(self, cfg: RunConfig) -> None:
-        self.backend = make_verifier_backend(cfg)
+    def __init__(self, cfg: RunConfig, backend=None) -> None:
+        """`backend`: a started checker with LeanPool's interface to use instead of building
+        one from the config (the Ray executor's FleetLeanPool)."""
+        self.backend = backend if backend is not None else make_verifier_backend(cfg)
         self.env = make_env(cfg, self.backend)
         self.gpus = role_gpus(cfg, "verifier")
 

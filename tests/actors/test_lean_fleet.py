@@ -77,3 +77,78 @@ def test_fleet_adds_actors_under_load_and_removes_them_when_idle(ray_lean) -> No
         assert ray_lean.available_resources().get("lean_repl") == 4
     finally:
         fleet.close()
+
+
+def _lean_section(**over):
+    from compassplay.config import LeanSection
+
+    base = {"command": FAKE, "processes": 2, "timeout_s": 10.0,
+            "actor": {"num_cpus": 0, "resources": {"lean_repl": 1}},
+            "scaling": {"min_actors": 0, "max_actors": 2, "checks_per_actor": 1,
+                        "idle_grace_s": 0.3, "poll_s": 0.1}}
+    return LeanSection.model_validate({**base, **over})
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_fleet_actor_spreads_batches_and_shrinks_when_idle(ray_lean) -> None:
+    from compassplay.actors.lean_router import FleetLeanPool, LeanFleetActor
+
+    fleet = LeanFleetActor.remote(_lean_section())
+    pool = FleetLeanPool(fleet, _lean_section())
+    try:
+        reqs = [OK, "theorem z : 2 = 2 := by sorry", "theorem w : 1 = 2 := by exact foo", OK]
+        for _ in range(2):  # the 2nd batch is split over the 2 placed actors
+            verdicts = pool.check_many(reqs)
+            assert [v.status for v in verdicts] == ["accepted", "sorry", "error", "accepted"]
+        assert ray_lean.get(fleet.state.remote())["peak"] == 2
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and ray_lean.get(fleet.state.remote())["actors"]:
+            time.sleep(0.2)
+        history = ray_lean.get(fleet.history.remote())
+        print("\n(t s, backlog, actors):", history)
+        counts = [n for _, _, n in history]
+        assert counts[0] == 0 and max(counts) == 2 and counts[-1] == 0
+        assert pool.stats()["counts"]["accepted"] == 4 and pool.stats()["checks_total"] == 8
+    finally:
+        ray_lean.get(fleet.close.remote())
+    time.sleep(0.5)
+    assert ray_lean.available_resources().get("lean_repl") == 4
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_fleet_without_the_resource_fails_or_falls_back(ray_lean) -> None:
+    from compassplay.actors.lean_router import FleetLeanPool, LeanFleetActor
+    from compassplay.errors import ResourceWaitError
+
+    missing = {"actor": {"num_cpus": 0, "resources": {"lean_nowhere": 1}}, "resource_wait_s": 1}
+    fleet = LeanFleetActor.remote(_lean_section(**missing))
+    start = time.monotonic()
+    with pytest.raises(ResourceWaitError, match=r"not placed after 1 s.*lean_nowhere"):
+        FleetLeanPool(fleet, _lean_section(**missing)).check_many([OK])
+    assert time.monotonic() - start < 20
+    ray_lean.get(fleet.close.remote())
+
+    fallback = {**missing, "on_no_resource": "local"}
+    fleet = LeanFleetActor.remote(_lean_section(**fallback))
+    pool = FleetLeanPool(fleet, _lean_section(**fallback))
+    try:
+        assert [v.status for v in pool.check_many([OK, OK])] == ["accepted", "accepted"]
+        assert pool.stats()["fallback_local"] and pool.local is not None
+    finally:
+        pool.close()
+        ray_lean.get(fleet.close.remote())
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_fleet_stops_when_a_lean_verifier_cannot_start(ray_lean) -> None:
+    from compassplay.actors.lean_router import FleetLeanPool, LeanFleetActor
+    from compassplay.errors import FatalStageError
+
+    bad = {"command": ["/nonexistent/lake", "env", "repl"]}
+    fleet = LeanFleetActor.remote(_lean_section(**bad))
+    with pytest.raises(FatalStageError, match="LeanVerifier actor failed to start"):
+        FleetLeanPool(fleet, _lean_section(**bad)).check_many([OK])
+    ray_lean.get(fleet.close.remote())

@@ -1,0 +1,291 @@
+"""The Lean fleet of a Ray run: one `LeanFleetActor` owns the `LeanVerifierFleet`, and each
+verifier actor checks through a `FleetLeanPool` (LeanPool's interface: check_many, stats).
+
+    fleet = LeanFleetActor.options(name=f"{run}:lean-fleet").remote(cfg.verifiers.lean)
+    pool = FleetLeanPool(fleet, cfg.verifiers.lean)  # the backend of a VerifierActor's env
+    verdicts = pool.check_many(checks)               # spread over LeanVerifier actors
+
+`LeanFleetActor.submit` resizes the fleet for the new backlog (the scaling policy is the pure
+`LeanScaler`) and splits the batch over the placed LeanVerifier actors (all of it to one still
+waiting for resources only when none is placed), returning their
+ObjectRefs: the verifier actor waits on them, not the fleet actor. A background thread polls
+every `scaling.poll_s`, so actors go after `scaling.idle_grace_s` without traffic, and records
+(t, backlog, actors) whenever they change (`history()`; the driver writes lean_fleet.jsonl and
+per-step `lean_actors` fields).
+
+Nothing waits silently: an actor that is not placed (no node has a free `lean_repl`) is logged
+every 10 s with what it asks for and what the cluster has free; after
+`verifiers.lean.resource_wait_s` the fleet reports a problem, and every waiting `FleetLeanPool`
+either raises `ResourceWaitError` (the driver then stops the run, no retry) or, with
+`verifiers.lean.on_no_resource=local`, switches to a LeanPool of its own. A LeanVerifier whose
+constructor fails (e.g. the REPL command does not exist) stops the run the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayError
+
+from compassplay.actors.lean_fleet import LeanVerifierFleet
+from compassplay.errors import FatalStageError, ResourceWaitError
+from compassplay.verifiers.lean_messages import STATUSES, LeanVerdict
+from compassplay.verifiers.lean_pool import LeanCheck, LeanPool, as_check
+
+log = logging.getLogger(__name__)
+
+RESUBMITS = 2  # times a batch whose LeanVerifier died is sent again
+
+
+class _Resubmit(Exception):
+    """A batch's LeanVerifier died (or was dropped): send the batch again."""
+
+
+Problem = tuple[str, str]  # (kind: '' | 'resource' | 'start', message)
+NO_PROBLEM: Problem = ("", "")
+
+
+def _free() -> dict[str, float]:
+    try:
+        free = ray.available_resources()
+    except Exception:  # noqa: BLE001 -- only for a message
+        return {}
+    return {k: round(v, 2) for k, v in free.items()
+            if not k.startswith("node:") and k not in ("memory", "object_store_memory")}
+
+
+@ray.remote(max_concurrency=64)
+class LeanFleetActor:
+    """Owns the run's LeanVerifier actors; threaded (calls and the poll thread share a lock)."""
+
+    def __init__(self, cfg: Any, log_every_s: float = 10.0) -> None:
+        self.cfg = cfg
+        self.log_every_s = log_every_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.fleet = LeanVerifierFleet.from_config(cfg)
+        self._t0 = time.monotonic()
+        self._peak = self.fleet.size()
+        self._history: list[tuple[float, int, int]] = []
+        self._problem: Problem = NO_PROBLEM
+        self._last_log = 0.0
+        self._note()
+        self._thread = threading.Thread(target=self._loop, name="lean-fleet-poll", daemon=True)
+        self._thread.start()
+
+    def ready(self) -> tuple[str, str]:
+        return "", ""  # the shells' start-up report: built
+
+    # ------------------------------------------------------------------ calls
+    def submit(self, checks: Sequence[LeanCheck]) -> tuple[list[Any], Problem]:
+        """ObjectRefs of list[LeanVerdict] covering `checks` in order, or ([], problem)."""
+        with self._lock:
+            if self._problem != NO_PROBLEM:
+                return [], self._problem
+            f = self.fleet
+            f.poll(extra=len(checks))
+            parts = max(1, min(f.placed(), math.ceil(len(checks) / f.scaler.checks_per_actor)))
+            # (none placed yet: the whole batch waits on one actor; see _watch for the rest)
+            size = math.ceil(len(checks) / parts)
+            refs = [f.submit(list(checks[i:i + size])) for i in range(0, len(checks), size)]
+            self._note()
+            return refs, NO_PROBLEM
+
+    def problem(self) -> Problem:
+        with self._lock:
+            return self._problem
+
+    def state(self) -> dict[str, Any]:
+        """Actors now, the most since the last state() call, backlog, unplaced actors."""
+        with self._lock:
+            size = self.fleet.size()
+            out = {"actors": size, "peak": max(self._peak, size),
+                   "backlog": self.fleet.backlog(), "unplaced": len(self.fleet.unplaced_ages()),
+                   "problem": self._problem[1]}
+            self._peak = size
+            return out
+
+    def history(self) -> list[tuple[float, int, int]]:
+        """(seconds since the fleet started, backlog, actors) at every change."""
+        with self._lock:
+            return list(self._history)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        with self._lock:
+            self.fleet.close()
+            self._note()
+
+    # ------------------------------------------------------------------ inside
+    def _loop(self) -> None:
+        while not self._stop.wait(self.cfg.scaling.poll_s):
+            with self._lock:
+                try:
+                    self.fleet.poll()
+                    self._note()
+                    self._watch()
+                except Exception:  # noqa: BLE001 -- keep polling; the log says why
+                    log.exception("Lean fleet poll failed")
+
+    def _note(self) -> None:
+        size, backlog = self.fleet.size(), self.fleet.backlog()
+        self._peak = max(self._peak, size)
+        if not self._history or self._history[-1][1:] != (backlog, size):
+            self._history.append((round(time.monotonic() - self._t0, 2), backlog, size))
+
+    def _watch(self) -> None:
+        """Log actors waiting for placement; past resource_wait_s (or on a constructor
+        failure) set the problem every waiting FleetLeanPool reads."""
+        if self._problem != NO_PROBLEM:
+            return
+        f = self.fleet
+        if f.failure:
+            self._problem = ("start", f"a LeanVerifier actor failed to start: {f.failure}")
+            log.error("%s", self._problem[1])
+            f.drop_unplaced()
+            return
+        ages = f.unplaced_ages()
+        if not ages:
+            return
+        if f.placed() and f.drop_unplaced(loaded_older_than=min(
+                self.cfg.resource_wait_s or self.log_every_s, self.log_every_s)):
+            # checks wait on an actor the cluster cannot place while others run: the
+            # FleetLeanPool sees the batch fail and resubmits it (to the placed actors)
+            log.warning("dropped LeanVerifier actors that waited for placement with checks "
+                        "queued; %d placed actor(s) take them", f.placed())
+            self._note()
+            ages = f.unplaced_ages()
+            if not ages:
+                return
+        wait, now = self.cfg.resource_wait_s, time.monotonic()
+        if ages[0] >= self.log_every_s and now - self._last_log >= self.log_every_s:
+            self._last_log = now
+            log.warning("%d LeanVerifier actor(s) waiting for placement (oldest %.0f s), each "
+                        "asks %s; the cluster has free %s; %s", len(ages), ages[0],
+                        f.actor_request(), _free(),
+                        f"giving up after {wait:.0f} s (verifiers.lean.resource_wait_s)" if wait
+                        else "waiting for an autoscaler (verifiers.lean.resource_wait_s=0)")
+        if wait and ages[0] > wait and not f.placed():  # some placed: the fleet runs smaller
+            total = ray.cluster_resources()
+            asked = {k: total.get(k, 0.0) for k in f.actor_request()}
+            self._problem = ("resource", (
+                f"{len(ages)} LeanVerifier actor(s) not placed after {wait:.0f} s: each asks "
+                f"{f.actor_request()}, the cluster has {asked} in all and {_free()} free. Start "
+                "nodes that advertise it (ray start --resources='{\"lean_repl\": 4}'; the "
+                "lean_verifier node type of ray_cluster.yaml), change verifiers.lean.actor, "
+                "raise verifiers.lean.resource_wait_s (0 = wait for an autoscaler) or set "
+                "verifiers.lean.on_no_resource=local"))
+            log.error("%s", self._problem[1])
+            f.drop_unplaced()
+            self._note()
+
+
+class FleetLeanPool:
+    """A verifier actor's Lean backend in fleet mode: checks go to the run's LeanFleetActor."""
+
+    def __init__(self, fleet: Any, cfg: Any, log_every_s: float = 10.0) -> None:
+        self.fleet, self.cfg, self.log_every_s = fleet, cfg, log_every_s
+        self.local: LeanPool | None = None  # after a fallback (on_no_resource=local)
+        self._counts: Counter[str] = Counter({s: 0 for s in STATUSES})
+        self._total = 0
+        self._wait_s = 0.0
+
+    def start(self) -> FleetLeanPool:
+        return self
+
+    def check_many(self, requests: Sequence[LeanCheck | str]) -> list[LeanVerdict]:
+        checks = [as_check(r) for r in requests]
+        if not checks:
+            return []
+        verdicts = self._on_fleet(checks) if self.local is None else None
+        if verdicts is None:
+            assert self.local is not None
+            verdicts = self.local.check_many(checks)
+        self._total += len(verdicts)
+        self._counts.update(v.status for v in verdicts)
+        return verdicts
+
+    def check(self, request: LeanCheck | str) -> LeanVerdict:
+        return self.check_many([request])[0]
+
+    def _on_fleet(self, checks: list[LeanCheck]) -> list[LeanVerdict] | None:
+        """The fleet's verdicts; None after switching to a local pool."""
+        for attempt in range(RESUBMITS + 1):
+            try:
+                return self._fleet_once(checks)
+            except _Resubmit as exc:
+                if attempt == RESUBMITS:
+                    raise RuntimeError(f"{len(checks)} Lean checks failed {attempt + 1} times "
+                                       f"on the fleet: its LeanVerifier died ({exc})") from exc
+                log.warning("%d Lean checks failed on the fleet (%s); resubmitting them "
+                            "(%d of %d)", len(checks), exc, attempt + 1, RESUBMITS)
+        raise AssertionError("unreachable")
+
+    def _fleet_once(self, checks: list[LeanCheck]) -> list[LeanVerdict] | None:
+        refs, problem = ray.get(self.fleet.submit.remote(checks))
+        if problem != NO_PROBLEM:
+            return self._handle(problem)
+        start = last = time.monotonic()
+        pending = list(refs)
+        try:
+            while pending:
+                _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+                if not pending:
+                    break
+                problem = ray.get(self.fleet.problem.remote(), timeout=60)
+                if problem != NO_PROBLEM:
+                    return self._handle(problem)
+                now = time.monotonic()
+                if now - last >= self.log_every_s:
+                    last = now
+                    log.warning("waiting %.0f s for %d Lean checks on the fleet (%d of %d "
+                                "batches pending; fleet %s)", now - start, len(checks),
+                                len(pending), len(refs),
+                                ray.get(self.fleet.state.remote(), timeout=60))
+            return [v for batch in ray.get(refs) for v in batch]
+        except RayActorError as exc:  # e.g. its actor was dropped while waiting for placement
+            problem = ray.get(self.fleet.problem.remote(), timeout=60)
+            if problem != NO_PROBLEM:
+                return self._handle(problem)
+            raise _Resubmit(type(exc).__name__) from exc
+        except RayError:
+            problem = ray.get(self.fleet.problem.remote(), timeout=60)
+            if problem != NO_PROBLEM:
+                return self._handle(problem)
+            raise
+        finally:
+            self._wait_s += time.monotonic() - start
+
+    def _handle(self, problem: Problem) -> None:
+        kind, message = problem
+        if kind == "resource" and self.cfg.on_no_resource == "local":
+            log.warning("%s -- falling back to a local pool of %d Lean REPLs in this verifier "
+                        "actor (verifiers.lean.on_no_resource=local)", message,
+                        self.cfg.processes)
+            self.local = LeanPool.from_config(self.cfg).start()
+            return None
+        if kind == "resource":
+            raise ResourceWaitError(message)
+        raise FatalStageError(message)
+
+    def stats(self) -> dict[str, Any]:
+        """Verdicts by status as this verifier received them; `fallback_local` after a
+        fallback (then `local` holds that pool's stats)."""
+        out: dict[str, Any] = {"counts": dict(self._counts), "checks_total": self._total,
+                               "backend": "fleet", "fleet_wait_s": round(self._wait_s, 3),
+                               "fallback_local": self.local is not None}
+        if self.local is not None:
+            out["local"] = self.local.stats()
+        return out
+
+    def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
