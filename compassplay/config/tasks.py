@@ -1,0 +1,113 @@
+"""Sections of what is proposed and how it is rewarded: tasks (coding, Lean), the proposer
+reward and the reference set."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from compassplay.config.base import Section
+
+
+class LeanTaskSection(Section):
+    """The Lean theorem-proving task (compassplay/envs/lean). The REPL command, the pool size
+    (`verifiers.lean.processes`) and its memory limits are in `verifiers.lean`."""
+
+    target_file: str = Field("", description="miniF2F-style jsonl of target statements "
+                             "(name, formal_statement, header, split, ...); required for lean")
+    split: Literal["all", "valid", "test"] = Field("all", description="targets of this split")
+    max_targets: int = Field(0, ge=0, description="keep the first N targets (0 = all)")
+    header: str = Field("", description="Lean header every check runs after; '' = the "
+                        "target file's header (else verifiers.lean.header)")
+    include_proof: bool = Field(True, description="show the seed's proof in the proposer prompt")
+    validate_timeout_s: float = Field(30.0, gt=0.0, le=3600.0,
+                                      description="per-check limit (s) for a conjecture with sorry")
+    grade_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
+                                   description="per-check limit (s) for a solver's proof")
+
+
+class TaskSection(Section):
+    domain: Literal["code", "lean"] = Field(
+        "code", description="code: AZR coding tasks (Python sandbox); lean: theorem proving "
+        "on a target set (Lean REPL pool, see task.lean)")
+    types: list[Literal["deduction", "abduction", "induction", "lean_prove"]] = Field(
+        default_factory=lambda: ["deduction"], description="task types proposed each step "
+        "(lean: exactly [lean_prove], the default when task.domain=lean)")
+    seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set, "
+                           "'simple' = the shipped short programs (small models)")
+    buffer_size: int = Field(4096, ge=1)
+    answer_format: Literal["fenced", "think_answer"] = "fenced"
+    banned_modules: list[str] = Field(default_factory=lambda: [
+        "random", "time", "datetime", "os", "sys", "subprocess", "threading",
+        "multiprocessing", "logging", "hashlib", "socket", "shutil", "signal", "ctypes",
+        "pathlib", "importlib", "asyncio", "secrets", "uuid", "tempfile", "pickle"])
+    strip_prints: bool = Field(True, description="AZR: print calls and comments are removed "
+                               "from a proposed program before its checks (the solver sees the "
+                               "stripped program); false = reject programs that print")
+    induction_all_inputs: bool = Field(True, description="AZR: an induction task is invalid "
+                                       "when any of its inputs is not a literal, fails to run "
+                                       "or returns a non-literal; false = drop such inputs and "
+                                       "keep the task while enough pairs remain")
+    typed_seed_tasks: bool = Field(True, description="AZR: each buffer task the solver "
+                                   "attempts is posed as one of task.types (deduction/abduction "
+                                   "seeds as either); false = as stored (io seeds: deduction)")
+    verified_solution: Literal["attempt", "gold"] = "attempt"
+    solver_reward: Literal["binary", "azr"] = "binary"
+    lean: LeanTaskSection = Field(default_factory=LeanTaskSection)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lean_types(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("domain") == "lean" and "types" not in data:
+            data = {**data, "types": ["lean_prove"]}
+        return data
+
+    @model_validator(mode="after")
+    def _types_match_domain(self) -> TaskSection:
+        lean = ["lean_prove"] if self.domain == "lean" else []
+        if (self.domain == "lean") != ("lean_prove" in self.types) or (
+                lean and self.types != lean):
+            raise ValueError(f"task.types {self.types} do not fit task.domain={self.domain} "
+                             "(lean takes exactly [lean_prove], code the coding types)")
+        return self
+
+
+class RewardSection(Section):
+    kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar"] = \
+        "difficulty"
+    eta: float = Field(1.0, gt=0.0, description="step size multiplying the inner product")
+    azr_compat: bool = Field(False, description="difficulty gives -0.5 when s in {0,1}")
+    format_penalty: float = Field(-1.0, le=0.0, description="reward of ill-formed proposals")
+    novelty_tokenizer: Literal["model", "regex"] = "model"
+    soar_groups: int = Field(4, ge=1, description="soar: candidate groups per step (used "
+                             "when soar_group_size is 0)")
+    soar_group_size: int = Field(0, ge=0, description="soar: candidates per group (contiguous "
+                                 "chunks); 0 = split the candidates into soar_groups groups")
+    soar_lr: float = Field(1e-3, gt=0.0, description="soar: step size of the inner optimizer")
+    soar_inner_steps: int = Field(4, ge=1, description="soar: optimizer steps of the solver "
+                                  "copy on each group (full batch: the group's solutions)")
+    soar_optimizer: Literal["sgd", "adamw"] = Field("sgd", description="soar: inner optimizer")
+    soar_metric: Literal["loss", "accuracy"] = Field(
+        "loss", description="soar: the gain measured on the held-out problems. accuracy = "
+        "greedy accuracy gain (the paper's SOAR; one greedy generation per held-out problem "
+        "and group); loss = drop of the held-out gold answers' cross-entropy (default: a dense, "
+        "cheap proxy; tiny or untrained solvers score 0 accuracy, so accuracy gains are all 0)")
+    soar_heldout: str = Field(
+        "seeds", description="soar: held-out problems, disjoint from the reference set. "
+        "'seeds' = the last soar_heldout_items deduction/abduction seed tasks, taken out of the "
+        "task buffer (the proposer and solver never see them), posed as deduction; else a jsonl "
+        "of {prompt, solution[, answer]} (a bare name = a file in compassplay/data)")
+    soar_heldout_items: int = Field(8, ge=1, description="soar: held-out problems used "
+                                    "(the first N of a jsonl; N seeds for 'seeds')")
+    soar_max_new_tokens: int = Field(64, ge=1, description="soar accuracy: greedy tokens per "
+                                     "held-out problem")
+    reference: Literal["global", "local"] = Field(
+        "global", description="gradient kinds' reference: global = the reference set "
+        "(`reference.path`); local = per candidate, the solver's verified solution of the seed "
+        "it was written from (environments that provide one, e.g. lean)")
+
+
+class ReferenceSection(Section):
+    path: str = Field("", description="jsonl with {prompt, solution}; '' = shipped math set")
+    max_items: int = Field(32, ge=1)
