@@ -49,7 +49,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +58,15 @@ from ray.exceptions import RayError
 from compassplay.actors.placement import ActorSet, create_actors, create_learner, requests
 from compassplay.actors.startup import describe_cause, failed_call, wait_ready
 from compassplay.config import RunConfig
-from compassplay.errors import FatalStageError, RunError
+from compassplay.errors import RunError
+from compassplay.executors.ray_dispatch import InFlight, RayDispatch, is_fatal
+from compassplay.executors.ray_monitors import EvalQueue, LeanMonitor, VerifierStats
 from compassplay.executors.ray_session import call_when_up, init_ray
 from compassplay.records import StepStats
 from compassplay.run.interrupt import StopRequest
 from compassplay.run.metrics import RunMetrics
 from compassplay.run.runlog import RunLog
-from compassplay.step.graph import Role, StageCall, submit_step
+from compassplay.step.graph import submit_step
 from compassplay.step.messages import StepResult
 from compassplay.sync.channel import check_weight_sync
 from compassplay.sync.ranks import receiver_sizes, weight_sync_ranks
@@ -78,47 +79,6 @@ from compassplay.workers.learner_worker import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class RayDispatch:
-    """A Dispatch that submits each stage as an actor call (handles are ObjectRefs)."""
-
-    def __init__(self, actors: ActorSet) -> None:
-        self.by_role: dict[Role, list[Any]] = {
-            "proposer": [actors.proposer], "solver": [actors.solver],
-            "verifier": actors.verifiers, "scorer": actors.scorers,
-            "learner": [actors.learner]}
-
-    def count(self, role: Role) -> int:
-        return len(self.by_role[role])
-
-    def call(self, role: Role, index: int, call: StageCall, args: list[Any]) -> Any:
-        return self.by_role[role][index].run_stage.remote(call, *args)
-
-
-@dataclass
-class InFlight:
-    """The refs of one submitted step: its result and every stage's handle(s)."""
-
-    step: int
-    result: Any
-    handles: dict[str, Any] = field(default_factory=dict)
-
-    def running_stage(self) -> str:
-        """The first stage (graph order) whose output is not ready yet, '' when all are."""
-        for name, h in self.handles.items():
-            refs = [r for r in (h if isinstance(h, list) else [h]) if r is not None]
-            if refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs):
-                return name
-        return ""
-
-
-@dataclass
-class PendingEval:
-    """An evaluation submitted to the eval actor: the weights after `step`."""
-
-    step: int
-    ref: Any
 
 
 class Pipeline:
@@ -139,12 +99,28 @@ class Pipeline:
         self.recorded_at: list[float] = []
         self.nccl = cfg.learner.weight_sync == "nccl"
         self.ipc = cfg.learner.weight_sync == "ipc"
-        self.verifier_stats: dict[str, dict] = {}
         self.failures: dict[int, int] = {}  # step -> failures so far
-        self._stats_refs: dict[str, Any] = {}
-        self.evals: list[PendingEval] = []
-        self.eval_reports: list[EvalReport] = []
-        self.lean_history: list[tuple[float, int, int]] = []  # (t s, backlog, actors)
+        self.evals = EvalQueue(cfg, actors.evaluator, runlog, self.nccl)
+        self.lean = None if actors.lean_fleet is None else LeanMonitor(actors.lean_fleet,
+                                                                       metrics)
+        self.verifiers = None if metrics is None else VerifierStats(actors.verifiers, metrics)
+
+    @property
+    def eval_reports(self) -> list[EvalReport]:
+        return self.evals.reports
+
+    @property
+    def verifier_stats(self) -> dict[str, dict]:
+        return self.verifiers.latest if self.verifiers is not None else {}
+
+    @property
+    def lean_history(self) -> list[tuple[float, int, int]]:
+        """The Lean fleet's (t s, backlog, actors) changes, read at the end of the run."""
+        return self.lean.history if self.lean is not None else []
+
+    def _done(self) -> int:
+        """The last recorded step (-1 before any)."""
+        return max((s.step for s in self.recorded), default=-1)
 
     # ------------------------------------------------------------------------------- weights
     def _snapshot(self) -> dict[str, tuple[Any, list]]:
@@ -199,68 +175,14 @@ class Pipeline:
         snap = self._snapshot()
         self.gate.report(step, snap)
         if self.actors.evaluator is not None and eval_due(self.cfg, step):
-            self._submit_eval(step, snap["solver"])
+            self.evals.submit(step, snap["solver"], self.actors.learner, self._done())
         return InFlight(step, handles["learn"], handles)
-
-    # ------------------------------------------------------------------------------- eval
-    def _submit_eval(self, step: int, snap: tuple[Any, list]) -> None:
-        """Hand the eval actor the weights after `step` (does not wait)."""
-        self._collect_evals()
-        if len(self.evals) >= self.cfg.eval.max_pending:
-            log.warning("eval after step %d skipped: %d evaluations still pending "
-                        "(eval.max_pending)", step, len(self.evals))
-            return
-        version, box = snap
-        if self.nccl:  # the eval actor is not in the NCCL group: it takes the object store
-            version, state = self.actors.learner.snapshot.options(num_returns=2).remote("solver")
-            box = [state]
-        self.evals.append(PendingEval(step, self.actors.evaluator.evaluate.remote(step, version,
-                                                                                   box)))
-
-    def _collect_evals(self, timeout: float = 0.0) -> None:
-        """Write the evaluations that finished (waiting at most `timeout` s) of recorded
-        steps, in submission order; the others stay pending."""
-        done = max((s.step for s in self.recorded), default=-1)
-        refs = [e.ref for e in self.evals if e.step <= done]
-        if not refs:
-            return
-        ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout)[0])
-        keep = []
-        for e in self.evals:
-            if e.ref not in ready:
-                keep.append(e)
-                continue
-            try:
-                report = ray.get(e.ref)
-            except RayError as exc:
-                log.warning("eval after step %d failed: %s", e.step, exc)
-                continue
-            self.eval_reports.append(report)
-            if self.runlog is not None:
-                for m in report.metrics:
-                    self.runlog.write_line(m)
-            log.info("eval after step %d (v%d, %.1fs): %s", report.step, report.version,
-                     report.timing.seconds, " ".join(
-                         f"{m.benchmark}={m.accuracy:.3f}" for m in report.metrics))
-        self.evals = keep
-
-    def _finish_evals(self) -> None:
-        """At the end of the run: wait at most eval.final_wait_s for the evaluations left."""
-        if not self.evals:
-            return
-        wait = self.cfg.eval.final_wait_s
-        log.info("waiting up to %.0f s for %d evaluation(s) still running", wait,
-                 len(self.evals))
-        self._collect_evals(wait)
-        if self.evals:
-            log.warning("evaluations after steps %s unfinished after %.0f s: not recorded",
-                        [e.step for e in self.evals], wait)
 
     # ------------------------------------------------------------------------------- record
     def _record(self, result: StepResult) -> None:
         stats = result.stats
-        if self.actors.lean_fleet is not None:
-            stats = stats.model_copy(update=self._lean_state())
+        if self.lean is not None:
+            stats = stats.model_copy(update=self.lean.step_fields())
         self.recorded.append(stats)
         self.recorded_at.append(time.perf_counter())
         if self.runlog is not None:
@@ -268,55 +190,10 @@ class Pipeline:
             self.runlog.write_samples(result.extra.get("samples", []))
         if self.metrics is not None:
             self.metrics.observe_step(stats)
-            self._poll_verifier_stats()
-        self._collect_evals()
+            self.verifiers.poll()
+        self.evals.collect(self._done())
         if self.progress is not None:
             self.progress(stats)
-
-    def _lean_state(self) -> dict[str, int | None]:
-        """The Lean fleet's actor count now and its peak since the last step."""
-        try:
-            state = ray.get(self.actors.lean_fleet.state.remote(), timeout=60)
-        except RayError as exc:
-            log.warning("Lean fleet state unavailable (%s)", type(exc).__name__)
-            return {}
-        log.info("Lean fleet: %d LeanVerifier actor(s) (peak %d since the last step), backlog "
-                 "%d, unplaced %d", state["actors"], state["peak"], state["backlog"],
-                 state["unplaced"])
-        if self.metrics is not None:
-            self.metrics.observe_lean(state)
-        return {"lean_actors": state["actors"], "lean_actors_peak": state["peak"]}
-
-    def _finish_lean(self) -> None:
-        """Keep the fleet's (t, backlog, actors) history and write it to lean_fleet.jsonl."""
-        if self.actors.lean_fleet is None:
-            return
-        try:
-            self.lean_history = ray.get(self.actors.lean_fleet.history.remote(), timeout=60)
-        except RayError as exc:
-            log.warning("Lean fleet history unavailable (%s)", type(exc).__name__)
-            return
-        import json
-        with open(self.run_dir / "lean_fleet.jsonl", "w") as fh:
-            for t, backlog, actors in self.lean_history:
-                fh.write(json.dumps({"t": t, "backlog": backlog, "actors": actors}) + "\n")
-
-    def _poll_verifier_stats(self) -> None:
-        """Collect the sandbox stats of every verifier without blocking: the replies that
-        arrived since the last step are recorded, and a new request goes to each of them."""
-        for i, actor in enumerate(self.actors.verifiers):
-            name = f"verifier-{i}"
-            ref = self._stats_refs.get(name)
-            if ref is not None:
-                if not ray.wait([ref], timeout=0)[0]:
-                    continue  # still busy: ask again next step
-                try:
-                    self.verifier_stats[name] = ray.get(ref)
-                except RayError as exc:
-                    log.warning("stats of %s unavailable (%s)", name, type(exc).__name__)
-            self._stats_refs[name] = actor.stats.remote()
-        if self.verifier_stats:
-            self.metrics.observe_verifiers(self.verifier_stats, time.time())
 
     # ------------------------------------------------------------------------------- restore
     def _start(self, restored: dict | None) -> int:
@@ -354,7 +231,7 @@ class Pipeline:
         same_proposer = (call_when_up(a.proposer.incarnation, poll=self.stop.check)
                          == self.proposer_incarnation)
         if done == failed and same_proposer:
-            self.evals = [e for e in self.evals if e.step < failed]
+            self.evals.drop_from(failed)
             self._reset_weights(failed - 1)
             return failed
         log.warning("learner or proposer restarted: rolling back to the latest checkpoint")
@@ -364,7 +241,7 @@ class Pipeline:
         keep = [i for i, s in enumerate(self.recorded) if s.step < start]
         self.recorded = [self.recorded[i] for i in keep]
         self.recorded_at = [self.recorded_at[i] for i in keep]
-        self.evals = [e for e in self.evals if e.step < start]
+        self.evals.drop_from(start)
         return start
 
     def _replace_learner_group(self) -> None:
@@ -417,21 +294,10 @@ class Pipeline:
                 step = self._recover(oldest.step, exc)
                 continue
             self._record(result)
-        self._finish_evals()
-        self._finish_lean()
+        self.evals.finish(self._done())
+        if self.lean is not None:
+            self.lean.finish(self.run_dir)
         return self.recorded
-
-
-def is_fatal(exc: BaseException) -> bool:
-    """A stage error a retry cannot fix (`FatalStageError`, e.g. no node offers lean_repl)."""
-    seen: Any = exc
-    for _ in range(4):
-        if isinstance(seen, FatalStageError):
-            return True
-        seen = getattr(seen, "cause", None)
-        if seen is None:
-            break
-    return "FatalStageError" in str(exc) or "ResourceWaitError" in str(exc)
 
 
 def run_pipeline(cfg: RunConfig, run_dir: Path, resume: bool = False,

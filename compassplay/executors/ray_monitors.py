@@ -1,0 +1,156 @@
+"""What the Ray driver watches beside the steps, none of it blocking a step: evaluations on the
+eval actor, the Lean fleet's actor count, and the sandbox stats of the verifiers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray.exceptions import RayError
+
+from compassplay.config import RunConfig
+from compassplay.run.metrics import RunMetrics
+from compassplay.run.runlog import RunLog
+from compassplay.workers.eval_worker import EvalReport
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingEval:
+    """An evaluation submitted to the eval actor: the weights after `step`."""
+
+    step: int
+    ref: Any
+
+
+class EvalQueue:
+    """Evaluations during training (`eval.every_steps`): submitted without waiting, written as
+    "eval" lines once their step is recorded, at most `eval.max_pending` in flight."""
+
+    def __init__(self, cfg: RunConfig, evaluator: Any, runlog: RunLog | None,
+                 nccl: bool) -> None:
+        self.cfg, self.evaluator, self.runlog, self.nccl = cfg, evaluator, runlog, nccl
+        self.pending: list[PendingEval] = []
+        self.reports: list[EvalReport] = []
+
+    def submit(self, step: int, snap: tuple[Any, list], learner: Any, done: int) -> None:
+        """Hand the eval actor the weights after `step` (does not wait); `done`: the last
+        recorded step."""
+        self.collect(done)
+        if len(self.pending) >= self.cfg.eval.max_pending:
+            log.warning("eval after step %d skipped: %d evaluations still pending "
+                        "(eval.max_pending)", step, len(self.pending))
+            return
+        version, box = snap
+        if self.nccl:  # the eval actor is not in the NCCL group: it takes the object store
+            version, state = learner.snapshot.options(num_returns=2).remote("solver")
+            box = [state]
+        self.pending.append(PendingEval(step, self.evaluator.evaluate.remote(step, version,
+                                                                             box)))
+
+    def drop_from(self, step: int) -> None:
+        """Forget the evaluations of steps >= `step` (they will be run again)."""
+        self.pending = [e for e in self.pending if e.step < step]
+
+    def collect(self, done: int, timeout: float = 0.0) -> None:
+        """Write the evaluations that finished (waiting at most `timeout` s) of steps up to
+        `done`, in submission order; the others stay pending."""
+        refs = [e.ref for e in self.pending if e.step <= done]
+        if not refs:
+            return
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout)[0])
+        keep = []
+        for e in self.pending:
+            if e.ref not in ready:
+                keep.append(e)
+                continue
+            try:
+                report = ray.get(e.ref)
+            except RayError as exc:
+                log.warning("eval after step %d failed: %s", e.step, exc)
+                continue
+            self.reports.append(report)
+            if self.runlog is not None:
+                for m in report.metrics:
+                    self.runlog.write_line(m)
+            log.info("eval after step %d (v%d, %.1fs): %s", report.step, report.version,
+                     report.timing.seconds, " ".join(
+                         f"{m.benchmark}={m.accuracy:.3f}" for m in report.metrics))
+        self.pending = keep
+
+    def finish(self, done: int) -> None:
+        """At the end of the run: wait at most eval.final_wait_s for the evaluations left."""
+        if not self.pending:
+            return
+        wait = self.cfg.eval.final_wait_s
+        log.info("waiting up to %.0f s for %d evaluation(s) still running", wait,
+                 len(self.pending))
+        self.collect(done, wait)
+        if self.pending:
+            log.warning("evaluations after steps %s unfinished after %.0f s: not recorded",
+                        [e.step for e in self.pending], wait)
+
+
+class LeanMonitor:
+    """The run's LeanFleetActor as the driver sees it: actor counts per step, history at the
+    end (each call waits at most 60 s; a fleet that does not answer is logged, not fatal)."""
+
+    def __init__(self, fleet: Any, metrics: RunMetrics | None) -> None:
+        self.fleet, self.metrics = fleet, metrics
+        self.history: list[tuple[float, int, int]] = []  # (t s, backlog, actors)
+
+    def step_fields(self) -> dict[str, int]:
+        """The fleet's actor count now and its peak since the last step."""
+        try:
+            state = ray.get(self.fleet.state.remote(), timeout=60)
+        except RayError as exc:
+            log.warning("Lean fleet state unavailable (%s)", type(exc).__name__)
+            return {}
+        log.info("Lean fleet: %d LeanVerifier actor(s) (peak %d since the last step), backlog "
+                 "%d, unplaced %d", state["actors"], state["peak"], state["backlog"],
+                 state["unplaced"])
+        if self.metrics is not None:
+            self.metrics.observe_lean(state)
+        return {"lean_actors": state["actors"], "lean_actors_peak": state["peak"]}
+
+    def finish(self, run_dir: Path) -> None:
+        """Keep the fleet's (t, backlog, actors) history and write it to lean_fleet.jsonl."""
+        try:
+            self.history = ray.get(self.fleet.history.remote(), timeout=60)
+        except RayError as exc:
+            log.warning("Lean fleet history unavailable (%s)", type(exc).__name__)
+            return
+        with open(Path(run_dir) / "lean_fleet.jsonl", "w") as fh:
+            for t, backlog, actors in self.history:
+                fh.write(json.dumps({"t": t, "backlog": backlog, "actors": actors}) + "\n")
+
+
+class VerifierStats:
+    """The sandbox stats of every verifier, asked for once per step without blocking."""
+
+    def __init__(self, verifiers: list[Any], metrics: RunMetrics) -> None:
+        self.verifiers, self.metrics = verifiers, metrics
+        self.latest: dict[str, dict] = {}
+        self._refs: dict[str, Any] = {}
+
+    def poll(self) -> None:
+        """Record the replies that arrived since the last call; ask each idle verifier again."""
+        for i, actor in enumerate(self.verifiers):
+            name = f"verifier-{i}"
+            ref = self._refs.get(name)
+            if ref is not None:
+                if not ray.wait([ref], timeout=0)[0]:
+                    continue  # still busy: ask again next step
+                try:
+                    self.latest[name] = ray.get(ref)
+                except RayError as exc:
+                    log.warning("stats of %s unavailable (%s)", name, type(exc).__name__)
+            self._refs[name] = actor.stats.remote()
+        if self.latest:
+            self.metrics.observe_verifiers(self.latest, time.time())
