@@ -4,7 +4,6 @@ Lean REPL, task.domain=lean, reward cos x novelty against local references."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
+from tests.executors.lean_script import propose, solve
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE = ROOT / "tests" / "verifiers" / "fake_lean_repl.py"
@@ -38,17 +38,6 @@ def scripted(engine, tok, reply):
         return [g.model_copy(update={"text": reply(tok.decode(p), i)})
                 for i, (p, g) in enumerate(zip(prompts, gens, strict=True))]
     engine.generate = generate
-
-
-def propose(prompt: str, i: int) -> str:
-    seed = re.search(r"```lean\n(theorem .*?) := by sorry", prompt, re.S).group(1)
-    if i % 2 == 0:  # a renamed copy of the seed
-        return re.sub(r"^theorem \S+", "theorem mine", seed) + " := by sorry\n```"
-    return f"theorem mine (k : ℕ) (hk : 0 < k) : k * {i} + 1 = 1 + {i} * k := by sorry\n```"
-
-
-def solve(prompt: str, i: int) -> str:
-    return "by decide\n```" if i % 2 == 0 else "by exact foo\n```"
 
 
 @pytest.mark.slow
