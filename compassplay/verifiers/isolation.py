@@ -37,7 +37,8 @@ ROOTLESS = "bwrap-userns"
 UNSAFE_OPT_OUT = "none-UNSAFE-trusted-local-debugging-only"
 ISOLATION_MODES = (AUTO, ROOT, ROOTLESS, UNSAFE_OPT_OUT)
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
-SECCOMP_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "sandbox_seccomp.py")
+# Loaded before the worker under their bare names (the worker imports them from sys.modules).
+PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child")
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
 PRIVATE_DIRS = ("/tmp", "/run", "/var/tmp", "/dev")  # fresh tmpfs/devtmpfs in every sandbox
@@ -62,21 +63,22 @@ def resolve(mode: str) -> str:
 
 
 def worker_bootstrap() -> str:
-    """`python -c` source that runs the zygote with its seccomp module preloaded.
+    """`python -c` source that runs the zygote with its helper modules preloaded.
 
     The code travels on the command line, not as a path: the package may live under a folder
     the sandbox hides (a checkout under /tmp, which is a private tmpfs inside)."""
-    with open(SECCOMP_SCRIPT) as f:
-        seccomp = f.read()
+    lines = ["import sys, types"]
+    for name in PRELOADED:
+        with open(os.path.join(os.path.dirname(WORKER_SCRIPT), name + ".py")) as f:
+            source = f.read()
+        lines += [f"m = types.ModuleType({name!r})",
+                  f"sys.modules[{name!r}] = m",
+                  f"exec(compile({source!r}, {name + '.py'!r}, 'exec'), m.__dict__)"]
     with open(WORKER_SCRIPT) as f:
         worker = f.read()
-    return (
-        "import sys, types\n"
-        "m = types.ModuleType('sandbox_seccomp')\n"
-        f"exec(compile({seccomp!r}, 'sandbox_seccomp.py', 'exec'), m.__dict__)\n"
-        "sys.modules['sandbox_seccomp'] = m\n"
-        f"exec(compile({worker!r}, 'sandbox_worker.py', 'exec'), {{'__name__': '__main__'}})\n"
-    )
+    lines += ["del m", f"exec(compile({worker!r}, 'sandbox_worker.py', 'exec'), "
+              "{'__name__': '__main__'})"]
+    return "\n".join(lines) + "\n"
 
 
 def interpreter() -> str:
