@@ -3,7 +3,9 @@
 Each worker is one long-lived ``bwrap`` sandbox with fresh namespaces for network, pid, mount,
 ipc, uts and cgroup; the host root is bind-mounted read-only, ``/tmp``, ``/run``, ``/var/tmp``
 and the host homes are private tmpfs mounts, the environment is cleared (only PYTHONHASHSEED is
-set) and the zygote runs as pid 1 of the pid namespace. Two ways to get there:
+set, plus LD_BIND_NOW: the zygote binds every symbol at start, so no forked child resolves, and
+copies, PLT entries; the zygote drops it from the programs' environment) and the zygote runs as
+pid 1 of the pid namespace. Two ways to get there:
 
 * root mode (``bwrap-root``, chosen by ``bwrap`` when the process is root): all capabilities are
   dropped except the few the zygote needs to drop each program to a per-worker unprivileged
@@ -202,7 +204,8 @@ def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]
     args += [
         "--unshare-ipc", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-uts",
         "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-        "--setenv", "PYTHONHASHSEED", str(hash_seed), "--hostname", "sandbox",
+        "--setenv", "PYTHONHASHSEED", str(hash_seed), "--setenv", "LD_BIND_NOW", "1",
+        "--hostname", "sandbox",
         "--ro-bind", "/", "/",
         "--dev", "/dev", "--proc", "/proc",
         "--perms", "1777", "--size", str(tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
@@ -228,7 +231,8 @@ def spawn_command(mode: str, argv: list[str], *, tmpfs_mb: int = 64, hash_seed: 
                   ) -> tuple[list[str], dict[str, str]]:
     """(command, environment) that runs `argv` in a sandbox of `mode` (already resolved)."""
     if mode == UNSAFE_OPT_OUT:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": str(hash_seed)}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": str(hash_seed),
+               "LD_BIND_NOW": "1"}
         return argv, env
     cmd = bwrap_prefix(mode, tmpfs_mb, hash_seed) + argv
     drop = mode == ROOTLESS and os.geteuid() == 0
