@@ -103,6 +103,69 @@ def _tree_cpu(roots: list[int]) -> float:
     return total
 
 
+def _zygotes(roots: list[int]) -> list[int]:
+    """Host pids of the zygotes under `roots` (pid 1 of their sandbox, or the unsafe roots)."""
+    found, todo = [], list(roots)
+    while todo:
+        pid = todo.pop()
+        try:
+            with open(f"/proc/{pid}/status") as fh:
+                status = fh.read()
+            with open(f"/proc/{pid}/task/{pid}/children") as fh:
+                kids = [int(k) for k in fh.read().split()]
+        except OSError:
+            continue
+        nspid = status.split("NSpid:", 1)[1].split("\n", 1)[0].split()
+        name = status.split("Name:", 1)[1].split("\n", 1)[0].strip()
+        if name.startswith("python") and (nspid[-1] == "1" or pid in roots):
+            found.append(pid)
+        else:
+            todo += kids
+    return found
+
+
+def _role_counters(zygotes: list[int]) -> list[float]:
+    """Zygote (supervisor) utime, stime, minor faults, voluntary switches; its reaped children's
+    utime, stime, minor faults."""
+    total = [0.0] * 7
+    for pid in zygotes:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                f = fh.read().rsplit(b")", 1)[1].split()
+            with open(f"/proc/{pid}/status") as fh:
+                vcsw = int(fh.read().split("voluntary_ctxt_switches:")[1].split()[0])
+        except (OSError, IndexError):
+            continue
+        vals = [int(f[11]) / _TICK, int(f[12]) / _TICK, int(f[7]), vcsw,
+                int(f[13]) / _TICK, int(f[14]) / _TICK, int(f[8])]
+        total = [a + b for a, b in zip(total, vals, strict=True)]
+    return total
+
+
+def profile(sb: PythonSandbox, n: int) -> dict:
+    """Where one run's CPU goes (ms per run, by process role) and the page faults behind it,
+    plus the zygote's size (what every fork copies page tables for and every exit unmaps)."""
+    zygotes = _zygotes(sb.worker_pids())
+    ru0, z0 = resource.getrusage(resource.RUSAGE_SELF), _role_counters(zygotes)
+    sb.run_many(_programs(n))
+    ru1, z1 = resource.getrusage(resource.RUSAGE_SELF), _role_counters(zygotes)
+    d = [(b - a) / n for a, b in zip(z0, z1, strict=True)]
+    out = {"host_user_ms": (ru1.ru_utime - ru0.ru_utime) * 1e3 / n,
+           "host_sys_ms": (ru1.ru_stime - ru0.ru_stime) * 1e3 / n,
+           "zygote_user_ms": d[0] * 1e3, "zygote_sys_ms": d[1] * 1e3,
+           "child_user_ms": d[4] * 1e3, "child_sys_ms": d[5] * 1e3,
+           "zygote_page_faults": d[2], "child_page_faults": d[6], "zygote_wakeups": d[3]}
+    out = {k: round(v, 3) for k, v in out.items()}
+    if zygotes:
+        with open(f"/proc/{zygotes[0]}/status") as fh:
+            status = fh.read()
+        with open(f"/proc/{zygotes[0]}/maps") as fh:
+            out["zygote_mappings"] = len(fh.readlines())
+        for key in ("VmRSS", "RssAnon", "RssFile"):
+            out[f"zygote_{key}_kb"] = int(status.split(key + ":")[1].split()[0])
+    return out
+
+
 def _self_cpu() -> float:
     ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
@@ -145,6 +208,7 @@ def run(args: argparse.Namespace) -> dict:
             base.append(_unisolated_rate(ex, args.runs))
             fork.append(_pool_rate(unsafe, args.runs))
         snap = sb.stats.snapshot()
+        split = profile(sb, args.runs)
     best_pool = max(pool, key=lambda t: t[0])
     best_base = max(base, key=lambda t: t[0])
     best_fork = max(fork, key=lambda t: t[0])
@@ -173,6 +237,7 @@ def run(args: argparse.Namespace) -> dict:
         "implied_runs_per_s_idle": round(cpus / cpu_pool, 1) if cpu_pool else None,
         "unisolated_implied_runs_per_s_idle": round(cpus / cpu_base, 1) if cpu_base else None,
         "cpu_ratio_to_unisolated": round(cpu_base / cpu_pool, 3) if cpu_pool else None,
+        "cpu_split_per_run": split,
         "statuses": best_pool[2],
         "unisolated_statuses": best_base[2],
         "latency_p50_s": round(snap["latency_s"]["p50"], 5),
