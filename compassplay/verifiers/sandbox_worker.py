@@ -103,6 +103,7 @@ class Zygote:
             io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                              errors="backslashreplace", line_buffering=True),
         )
+        sandbox_child.warm_up(self.stdio)  # before the freeze: ~15 fewer child page faults a run
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
         self._poller = select.poll()
         self._scratch_clean = False
