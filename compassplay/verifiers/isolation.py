@@ -3,7 +3,9 @@
 Each worker is one long-lived ``bwrap`` sandbox with fresh namespaces for network, pid, mount,
 ipc, uts and cgroup; the host root is bind-mounted read-only, ``/tmp``, ``/run``, ``/var/tmp``
 and the host homes are private tmpfs mounts, the environment is cleared (only PYTHONHASHSEED is
-set) and the zygote runs as pid 1 of the pid namespace. Two ways to get there:
+set, plus LD_BIND_NOW: the zygote binds every symbol at start, so no forked child resolves, and
+copies, PLT entries; the zygote drops it from the programs' environment) and the zygote runs as
+pid 1 of the pid namespace. Two ways to get there:
 
 * root mode (``bwrap-root``, chosen by ``bwrap`` when the process is root): all capabilities are
   dropped except the few the zygote needs to drop each program to a per-worker unprivileged
@@ -37,7 +39,8 @@ ROOTLESS = "bwrap-userns"
 UNSAFE_OPT_OUT = "none-UNSAFE-trusted-local-debugging-only"
 ISOLATION_MODES = (AUTO, ROOT, ROOTLESS, UNSAFE_OPT_OUT)
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
-SECCOMP_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "sandbox_seccomp.py")
+# Loaded before the worker under their bare names (the worker imports them from sys.modules).
+PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child")
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
 PRIVATE_DIRS = ("/tmp", "/run", "/var/tmp", "/dev")  # fresh tmpfs/devtmpfs in every sandbox
@@ -62,21 +65,22 @@ def resolve(mode: str) -> str:
 
 
 def worker_bootstrap() -> str:
-    """`python -c` source that runs the zygote with its seccomp module preloaded.
+    """`python -c` source that runs the zygote with its helper modules preloaded.
 
     The code travels on the command line, not as a path: the package may live under a folder
     the sandbox hides (a checkout under /tmp, which is a private tmpfs inside)."""
-    with open(SECCOMP_SCRIPT) as f:
-        seccomp = f.read()
+    lines = ["import sys, types"]
+    for name in PRELOADED:
+        with open(os.path.join(os.path.dirname(WORKER_SCRIPT), name + ".py")) as f:
+            source = f.read()
+        lines += [f"m = types.ModuleType({name!r})",
+                  f"sys.modules[{name!r}] = m",
+                  f"exec(compile({source!r}, {name + '.py'!r}, 'exec'), m.__dict__)"]
     with open(WORKER_SCRIPT) as f:
         worker = f.read()
-    return (
-        "import sys, types\n"
-        "m = types.ModuleType('sandbox_seccomp')\n"
-        f"exec(compile({seccomp!r}, 'sandbox_seccomp.py', 'exec'), m.__dict__)\n"
-        "sys.modules['sandbox_seccomp'] = m\n"
-        f"exec(compile({worker!r}, 'sandbox_worker.py', 'exec'), {{'__name__': '__main__'}})\n"
-    )
+    lines += ["del m", f"exec(compile({worker!r}, 'sandbox_worker.py', 'exec'), "
+              "{'__name__': '__main__'})"]
+    return "\n".join(lines) + "\n"
 
 
 def interpreter() -> str:
@@ -200,7 +204,8 @@ def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]
     args += [
         "--unshare-ipc", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-uts",
         "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
-        "--setenv", "PYTHONHASHSEED", str(hash_seed), "--hostname", "sandbox",
+        "--setenv", "PYTHONHASHSEED", str(hash_seed), "--setenv", "LD_BIND_NOW", "1",
+        "--hostname", "sandbox",
         "--ro-bind", "/", "/",
         "--dev", "/dev", "--proc", "/proc",
         "--perms", "1777", "--size", str(tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
@@ -226,7 +231,8 @@ def spawn_command(mode: str, argv: list[str], *, tmpfs_mb: int = 64, hash_seed: 
                   ) -> tuple[list[str], dict[str, str]]:
     """(command, environment) that runs `argv` in a sandbox of `mode` (already resolved)."""
     if mode == UNSAFE_OPT_OUT:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": str(hash_seed)}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": str(hash_seed),
+               "LD_BIND_NOW": "1"}
         return argv, env
     cmd = bwrap_prefix(mode, tmpfs_mb, hash_seed) + argv
     drop = mode == ROOTLESS and os.geteuid() == 0

@@ -1,10 +1,8 @@
 """Zygote server that runs *inside* one sandbox (stdlib only; its source travels on the command line).
 
-Protocol (binary, no JSON on the hot path): length-prefixed frames (4-byte big-endian length)
-on the fds inherited as stdin (requests) and stdout (replies). A request is ``b"R"`` + REQ_HEAD
-(timeout_s, memory_mb, max_output_bytes) + the program's UTF-8 source; ``b"X"`` asks the zygote
-to exit. The host may pipeline several requests; replies come back in order, each REPLY_HEAD
-(status code, exit code, duration, rusage CPU, peak RSS, output lengths) + stdout + stderr.
+Protocol: `sandbox_proto` (binary length-prefixed frames on stdin/stdout, pipelined). The
+forked child's side (lock-down, then the program) is `sandbox_child`; the bootstrap preloads
+both, and `sandbox_seccomp`, under their bare names (see `isolation.worker_bootstrap`).
 
 The zygote is pid 1 of the sandbox's pid namespace (so a program can signal it only where the
 kernel drops the signal), non-dumpable, and already under the seccomp filter and the programs'
@@ -22,74 +20,35 @@ code only ever decides between ok (0) and error (anything else).
 
 from __future__ import annotations
 
-# The noqa imports are warm imports: each forked child finds them loaded (the coding harness
-# uses ast and json).
-import ast  # noqa: F401
-import bisect  # noqa: F401
-import collections  # noqa: F401
-import copy  # noqa: F401
-import functools  # noqa: F401
 import gc
-import heapq  # noqa: F401
 import io
-import itertools  # noqa: F401
-import json  # noqa: F401
-import math  # noqa: F401
-import operator  # noqa: F401
+import json
 import os
-import re  # noqa: F401
 import resource
 import select
 import signal
 import stat
-import string  # noqa: F401
 import struct
 import sys
 import time
-import traceback
-import types
 
-STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed")
-REQ_HEAD = struct.Struct(">dII")          # timeout_s, memory_mb, max_output_bytes
-REPLY_HEAD = struct.Struct(">BBidddII")   # status, has_exit, exit, duration, cpu_s, peak_mb, out, err
-HELLO = struct.Struct(">ii")              # zygote pid (1), uid programs run as
-MAX_REQUEST = 8 * 1024 * 1024
+try:  # inside the sandbox: preloaded by the bootstrap under their bare names
+    import sandbox_child  # type: ignore[import-not-found]
+    import sandbox_proto  # type: ignore[import-not-found]
+except ImportError:  # imported on the host
+    from compassplay.verifiers import sandbox_child, sandbox_proto
+
+STATUSES = sandbox_proto.STATUSES
+REQ_HEAD = sandbox_proto.REQ_HEAD
+REPLY_HEAD = sandbox_proto.REPLY_HEAD
+HELLO = sandbox_proto.HELLO
 SCRATCH_ROOT = "/tmp"
 WIPE_DIRS = ("/tmp", "/dev/shm")
 WATCHDOG_EVERY_S = 0.05
+FAST_WAIT_MS = 20  # first wait on the child's exit alone (below the watchdog's first check)
 PEAK_MEMORY_FRACTION = 0.75  # a failed run whose kernel-measured peak RSS reached this is "memory"
 _PR_SET_DUMPABLE = 4
 _PR_SET_CHILD_SUBREAPER = 36
-
-
-def _read_exact(fd: int, n: int) -> bytes | None:
-    buf = os.read(fd, n)
-    while len(buf) < n:
-        chunk = os.read(fd, n - len(buf))
-        if not chunk:
-            return None
-        buf += chunk
-    return buf if buf else None
-
-
-def read_frame(fd: int) -> bytes | None:
-    head = _read_exact(fd, 4)
-    if head is None:
-        return None
-    (size,) = struct.unpack(">I", head)
-    if size > MAX_REQUEST:
-        raise ValueError("request too large")
-    return _read_exact(fd, size) if size else b""
-
-
-def write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def frame(body: bytes) -> bytes:
-    return struct.pack(">I", len(body)) + body
 
 
 class Zygote:
@@ -130,7 +89,7 @@ class Zygote:
         for which, value in limits:
             resource.setrlimit(which, (value, value))
         seed = os.environ.get("PYTHONHASHSEED", "0")  # the one this interpreter runs with
-        os.environ.clear()  # the programs' environment, set once and inherited by every fork
+        os.environ.clear()  # the programs' environment (no LD_BIND_NOW), inherited by every fork
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.scratch,
                            "TMPDIR": self.scratch, "LANG": "C.UTF-8", "PYTHONHASHSEED": seed})
         if cfg.get("seccomp"):
@@ -144,6 +103,7 @@ class Zygote:
             io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                              errors="backslashreplace", line_buffering=True),
         )
+        sandbox_child.warm_up(self.stdio)  # before the freeze: ~15 fewer child page faults a run
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
         self._poller = select.poll()
         self._scratch_clean = False
@@ -155,37 +115,6 @@ class Zygote:
         except AttributeError:  # not glibc
             pass
 
-    # ---------------------------------------------------------------- child side
-    def _child(self, code: bytes, timeout: float, mem_mb: int, out_w: int, err_w: int) -> None:
-        status = 1
-        try:
-            os.setsid()
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.closerange(3, 1 << 16)
-            os.chdir(self.scratch)
-            os.umask(0o077)
-            mem = mem_mb * 1024 * 1024  # (NPROC, FSIZE, CORE, NOFILE: set once in the zygote)
-            resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-            cpu = int(timeout) + 2
-            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-            if self.setuid:
-                os.setgroups([])
-                os.setgid(self.gid)
-                os.setuid(self.uid)
-                if os.getuid() != self.uid or os.geteuid() != self.uid:
-                    raise OSError("setuid did not take effect")
-            sys.stdin, sys.stdout, sys.stderr = self.stdio
-            sys.argv = ["<program>"]
-            status = _run_program(code)
-        except BaseException:  # setup failure: report and die
-            try:
-                os.write(2, traceback.format_exc().encode()[-4000:])
-            except BaseException:
-                pass
-            status = 1
-        os._exit(status)
-
     # ---------------------------------------------------------------- parent side
     def run(self, body: bytes) -> bytes:
         timeout, mem_mb, limit = REQ_HEAD.unpack_from(body, 1)
@@ -196,7 +125,8 @@ class Zygote:
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            self._child(code, timeout, mem_mb, out_w, err_w)
+            sandbox_child.child_main(code, timeout, mem_mb, out_w, err_w, self.scratch,
+                                     self.uid if self.setuid else None, self.gid, self.stdio)
         os.close(out_w)
         os.close(err_w)
         try:
@@ -220,13 +150,22 @@ class Zygote:
         out, err = bytearray(), bytearray()
         pidfd = os.pidfd_open(pid)
         poller = self._poller
-        for fd in (out_r, err_r, pidfd):
-            poller.register(fd, select.POLLIN)
         open_fds = 2
         verdict: str | None = None
         reaped = None
         next_mem_check = start + 2 * WATCHDOG_EVERY_S
         try:
+            # Fast path: most programs end within a few ms. Sleep on the pidfd alone, so the
+            # zygote wakes once per run (not per output chunk) and writes none of its pages
+            # (copy-on-write faults while the child still shares them). Output beyond the pipe
+            # buffer waits for the full loop below.
+            poller.register(pidfd, select.POLLIN)
+            if poller.poll(min(FAST_WAIT_MS, int(timeout * 1000))):
+                reaped = os.wait4(pid, 0)
+                poller.unregister(pidfd)
+                self._sweep(pid, reaped=True)  # leftovers may hold the pipes open
+            for fd in (out_r, err_r):
+                poller.register(fd, select.POLLIN)
             while reaped is None or open_fds:
                 now = time.monotonic()
                 if now >= deadline:
@@ -385,48 +324,6 @@ def _remove(path: str) -> None:
             pass
 
 
-def _run_program(code: bytes) -> int:
-    main = types.ModuleType("__main__")
-    main.__builtins__ = __builtins__  # type: ignore[attr-defined]
-    sys.modules["__main__"] = main
-    status = 0
-    try:
-        exec(compile(code, "<program>", "exec"), main.__dict__)
-        threading = sys.modules.get("threading")
-        if threading is not None:
-            for t in threading.enumerate():
-                if t is not threading.main_thread() and not t.daemon:
-                    t.join()
-    except SystemExit as exc:
-        if exc.code is None:
-            status = 0
-        elif isinstance(exc.code, int):
-            status = exc.code & 0xFF
-        else:
-            print(exc.code, file=sys.stderr)
-            status = 1
-    except BaseException as exc:
-        status = 1
-        try:
-            tb = exc.__traceback__
-            traceback.print_exception(type(exc), exc, tb.tb_next if tb else None)
-        except BaseException:
-            _try_write_err(f"{type(exc).__name__}\n")
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:
-            pass
-    return status
-
-
-def _try_write_err(text: str) -> None:
-    try:
-        os.write(2, text.encode())
-    except OSError:
-        pass
-
-
 def _kill_quiet(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGKILL)
@@ -483,15 +380,16 @@ def main() -> None:
     if "" in sys.path:
         sys.path.remove("")
     zygote = Zygote(cfg)
-    write_all(out_fd, frame(b"H" + HELLO.pack(os.getpid(), zygote.uid)))
+    proto = sandbox_proto
+    proto.write_all(out_fd, proto.frame(b"H" + HELLO.pack(os.getpid(), zygote.uid)))
     while True:
-        body = read_frame(in_fd)
+        body = proto.read_frame(in_fd)
         if body is None or body[:1] == b"X":
             return
         if body[:1] == b"R":
-            write_all(out_fd, frame(zygote.run(body)))
+            proto.write_all(out_fd, proto.frame(zygote.run(body)))
         else:
-            write_all(out_fd, frame(b"?"))
+            proto.write_all(out_fd, proto.frame(b"?"))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from compassplay.verifiers import isolation
 from compassplay.verifiers.sandbox_cgroup import CgroupMemory
-from compassplay.verifiers.sandbox_worker import HELLO, REPLY_HEAD, REQ_HEAD, STATUSES
+from compassplay.verifiers.sandbox_proto import HELLO, REPLY_HEAD, REQ_HEAD, STATUSES
 
 PIPE_BYTES = 1 << 20        # asked for with F_SETPIPE_SZ; pipelining stays below the real size
 _F_SETPIPE_SZ = 1031

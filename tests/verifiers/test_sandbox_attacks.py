@@ -2,6 +2,7 @@
 
 Every test here runs in root mode and in rootless mode (see conftest). Statuses other than
 ok/error are the supervisor's observations, so a program cannot fake them with an exit code.
+`pytest -s` prints one "ATTACK <mode> <name> <status> (allowed: ...)" line per attack: the table.
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentin
             .replace("@HOST_PID@", str(os.getpid()))
             .replace("@PACKAGE_DIR@", PACKAGE_DIR))
     result = sandbox.run(code)
+    print(f"\nATTACK {sandbox.mode:13s} {attack.name:35s} {result.status:12s} "
+          f"(allowed: {'/'.join(attack.statuses)})")
     assert result.status in attack.statuses, result
     expected = attack.stdout_has
     if sandbox.mode == ROOTLESS and attack.stdout_rootless is not None:
