@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from compassplay.eval.benchmarks import BENCHMARKS
+from compassplay.eval.eval_records import CURVE_FIELDS
 from compassplay.eval.report_data import FINAL_FRACTION, Run, Stat, group_runs, load_run, stat
 
 DOMAIN_TITLES = {"code": "In-domain coding accuracy (%)",
@@ -132,6 +133,34 @@ def _reward_section(arms: dict[str, list[Run]]) -> list[str]:
     return lines + [""]
 
 
+def _curves_section(arms: dict[str, list[Run]]) -> tuple[list[str], dict]:
+    """Per arm, each logged CURVE_FIELDS field: its mean over the final quarter of each run's
+    steps, then mean over runs +- sample s.d. (and the whole-run mean)."""
+    keys = [k for k in CURVE_FIELDS if any(r.series(k) for rs in arms.values() for r in rs)]
+    if not keys:
+        return [], {}
+    lines = ["## Self-play curves (final quarter of the steps; mean over runs ± s.d.)", "",
+             "| Arm | " + " | ".join(keys) + " |", "| --- |" + " --- |" * len(keys)]
+    numbers: dict = {}
+    for arm, runs in arms.items():
+        cells = []
+        for k in keys:
+            finals = [sum(v for s, v in pts) / len(pts) for r in runs
+                      if (pts := [(s, v) for s, v in r.series(k) if s >= r.window_start()])]
+            st = stat(finals)
+            numbers.setdefault(arm, {})[k] = None if st is None else {
+                "mean": st.mean, "sd": st.sd, "n": st.n}
+            cells.append(_cell4(st))
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return lines + [""], numbers
+
+
+def _cell4(s: Stat | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s.mean:.4f}" + (f" ±{s.sd:.4f}" if s.sd is not None else "")
+
+
 def build_report(run_dirs: list[str], out: str | Path, baseline: str | None = None,
                  group_by: str = "name") -> Path:
     """Write report.md, summary.json and the figures into `out`; returns report.md's path."""
@@ -165,6 +194,8 @@ def build_report(run_dirs: list[str], out: str | Path, baseline: str | None = No
             md += lines
             summary["tables"][dom] = numbers
     md += _reward_section(arms)
+    curve_lines, summary["curves"] = _curves_section(arms)
+    md += curve_lines
     figures = [
         ("Accuracy against step", report_plots.accuracy_vs_step(
             arms, [b for bs in domains.values() for b in bs], out / "accuracy_vs_step.png")),

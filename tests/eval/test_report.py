@@ -35,6 +35,11 @@ def test_report_tables_gains_and_figures(tmp_path):
     assert set(summary["tables"]) == {"code", "math"}
     md = (out / "report.md").read_text()
     assert "| Gain of cos over azr |" in md and "Out-of-domain mathematics" in md
+    # curves: final quarter (steps 6-8) of reference_loss = 2.0 - 0.02 - 0.01 s, per run
+    curves = summary["curves"]
+    assert curves["cos"]["reference_loss"]["mean"] == pytest.approx(2.0 - 0.02 - 0.07)
+    assert curves["cos"]["copy_rate"]["mean"] == pytest.approx(0.48)
+    assert curves["azr"]["copy_rate"] is None and "## Self-play curves" in md
     for png in ("accuracy_vs_step.png", "accuracy_vs_compute.png", "rewards.png", "curves.png",
                 "reference_loss_vs_compute.png"):
         assert (out / png).stat().st_size > 1000, png
