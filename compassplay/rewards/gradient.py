@@ -13,7 +13,9 @@ train/eval modes are left exactly as they were.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +101,40 @@ class GradientScorer:
             out.setdefault(n, []).append("loop")
         return out
 
+    def cost_report(self) -> dict[str, dict]:
+        """Per module, the cost model's last decision (path and its inputs), for the bench."""
+        return dict(self.engine.decisions)
+
+    @contextlib.contextmanager
+    def profiling(self) -> Iterator[dict]:
+        """Times the scoring calls made inside the block; on exit the yielded dict holds
+        `summary` (seconds of the forward, the input-gradient half of the backward, and the
+        hooks' own work) and `hooks_by_kind` (per layer kind, the last module-name part such as
+        `lm_head`, `q_proj`, `input_layernorm`: seconds, flops and flop rate)."""
+        ctx, out = self.engine.ctx, {}
+        ctx.timings, ctx.flops = {}, {}
+        t0 = time.perf_counter()
+        try:
+            yield out
+        finally:
+            total, t, flops = time.perf_counter() - t0, ctx.timings, ctx.flops
+            ctx.timings = None
+        hooks = {k: v for k, v in t.items() if k not in ("forward", "backward")}
+        out["summary"] = {
+            "total_s": round(total, 3), "forward_s": round(t.get("forward", 0.0), 3),
+            "input_grad_backward_s": round(t.get("backward", 0.0) - sum(hooks.values()), 3),
+            "hooks_s": round(sum(hooks.values()), 3)}
+        out["hooks_by_kind"] = {
+            k: {"s": round(v, 3), "gflop": round(flops.get(k, 0) / 1e9, 2),
+                "gflop_per_s": round(flops.get(k, 0) / 1e9 / v, 1) if v > 0 else None}
+            for k, v in sorted(hooks.items(), key=lambda kv: -kv[1])}
+
+    def profile(self, cands: list[Example]) -> dict:
+        """One profiled `partials(cands)` (see `profiling`)."""
+        with self.profiling() as prof:
+            self.partials(cands)
+        return prof
+
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights into the model and mark them as `version`."""
         self.model.load_state_dict(state_dict)
@@ -132,7 +168,7 @@ class GradientScorer:
             proj = sum(self.sketch.project(n, self.params[n], g.unsqueeze(0))[0].double()
                        for n, g in grads.items())
         self.reference = Reference(grads, sq, proj, self.weight_version, n_total)
-        self.engine.ref = grads
+        self.engine.set_reference(grads)
 
     def check_reference(self, allow_stale: bool = False) -> Reference:
         """The current reference; raises if unset, or stale unless `allow_stale`."""
@@ -167,7 +203,7 @@ class GradientScorer:
                 loop = sorted(self.engine.fallback | declined)
                 if loop:
                     params = {k: self.params[k] for k in loop}
-                    ref = {k: self.engine.ref[k] for k in loop}
+                    ref = {k: self.reference.grads[k] for k in loop}
                     self._put(out, idx, *naive_partials(
                         self.model, params, ref, [cands[i] for i in idx], self.sketch))
                     for k in loop:
