@@ -23,6 +23,7 @@ from torch import nn
 
 from .batch import Example, batch_losses, make_batch, plan_batches, scoring_mode
 from .functions import safe_cosine
+from .handlers import rowsum
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine
 from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
@@ -162,7 +163,7 @@ class GradientScorer:
         if reduce is not None:
             for g in grads.values():
                 reduce(g)
-        sq = float(sum(g.double().pow(2).sum() for g in grads.values()))
+        sq = float(sum(rowsum(g.double().pow(2).reshape(1, -1))[0] for g in grads.values()))
         proj = None
         if self.sketch is not None:
             proj = sum(self.sketch.project(n, self.params[n], g.unsqueeze(0))[0].double()
@@ -223,9 +224,9 @@ class GradientScorer:
 def finalize(p: Partials, ref_sq: float, ref_proj: torch.Tensor | None) -> list[AlignmentScore]:
     """Turn (reduced) partials into scores; in projection mode everything is in the projection."""
     if p.proj is not None and ref_proj is not None:
-        inner = p.proj @ ref_proj.double().cpu()
-        sq = p.proj.pow(2).sum(1)
-        ref_sq = float(ref_proj.double().pow(2).sum())
+        rp = ref_proj.double().cpu().reshape(1, -1)
+        inner, sq = rowsum(p.proj * rp), rowsum(p.proj.pow(2))
+        ref_sq = float(rowsum(rp.pow(2))[0])
     else:
         inner, sq = p.inner, p.sq
     ref_norm = max(ref_sq, 0.0) ** 0.5

@@ -173,7 +173,7 @@ class Handler(ABC):
             return
         # Elementwise products reduced by `sum` (a cascade sum: ~1e-8 relative over 28M terms),
         # not `mv` / `vector_norm`, which measured 1e-4 / 3e-3 relative error at that size.
-        acc.inner[sl] += (flat * self.ctx.ref[name].reshape(1, -1)).sum(1).double()
+        acc.inner[sl] += rowsum(flat * self.ctx.ref[name].reshape(1, -1))
         acc.sq[sl] += _rowsq(flat)
 
 
@@ -219,9 +219,9 @@ class LinearHandler(Handler):
             sl = slice(s, min(st.n, s + step))
             ac, bc = a[sl], b[sl]
             gram = torch.bmm(ac, ac.transpose(1, 2)).mul_(torch.bmm(bc, bc.transpose(1, 2)))
-            acc.sq[sl] += gram.sum((1, 2)).double()
+            acc.sq[sl] += rowsum(gram)
             av = ac @ v if self.transposed else ac @ v.t()
-            acc.inner[sl] += (av * bc).sum((1, 2)).double()
+            acc.inner[sl] += rowsum(av * bc)
 
     def _materialize(self, st: PassState, a: torch.Tensor, b: torch.Tensor, wname: str) -> None:
         """G_i by one batched GEMM per chunk of samples (at least one sample, else at most
@@ -266,19 +266,19 @@ class EmbeddingHandler(Handler):
             acc.proj += self.ctx.sketch.project_rows(name, self.ctx.params[name], ids, e)
             return
         v = self.ctx.ref[name]
-        acc.inner += (e * v[ids]).sum((1, 2)).double()
+        acc.inner += rowsum(e * v[ids])
         key = ids + torch.arange(n, device=ids.device).unsqueeze(1) * w.num_embeddings
         uniq, inv = torch.unique(key.reshape(-1), return_inverse=True)
         rows = torch.zeros(uniq.numel(), e.shape[-1], device=e.device)
         rows.index_add_(0, inv, e.reshape(-1, e.shape[-1]))
         sq = torch.zeros(n, dtype=torch.float64, device=e.device)
-        acc.sq += sq.index_add_(0, uniq // w.num_embeddings, rows.pow(2).sum(1).double())
+        acc.sq += sq.index_add_(0, uniq // w.num_embeddings, rowsum(rows.pow(2)))
         if self.tied:
             m = st.tied_rows.pop(self.group, None)
             if m is None:  # the head's backward did not run first: be exact via the fallback
                 st.declined.add(self.group)
                 return
-            acc.sq += 2.0 * (m * e).sum((1, 2)).double()
+            acc.sq += 2.0 * rowsum(m * e)
         self.ctx.record(self.name, "sparse-rows")
 
 
@@ -383,6 +383,35 @@ def tie(head: Handler, embedding: Handler) -> bool:
 
 
 def _rowsq(flat: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm of each row of (c, m), float64 (c,): one vectorized cascade sum (under
-    CPU oversubscription many small calls are much slower; `vector_norm` is inaccurate)."""
-    return flat.square().sum(1).double()
+    """Squared L2 norm of each row of (c, m), float64 (c,), by `rowsum` (under CPU
+    oversubscription many small calls are much slower; `vector_norm` is inaccurate)."""
+    return rowsum(flat.square())
+
+
+ROW_BLOCK = 4096
+"""Elements per block of `rowsum`'s first stage (below torch's parallel grain, 32768)."""
+
+
+def rowsum(x: torch.Tensor) -> torch.Tensor:
+    """Sum of each row of `x` (c, ...) as float64 (c,), bitwise independent of the thread count
+    and of which other rows are in `x`.
+
+    A plain `x.sum(1)` is not: on CPU, a reduction to a single output (one row, e.g. a chunk of
+    one sample) above torch's grain size is split over the threads and the per-thread partial
+    sums are combined, so 1 and 2 threads give results ~1e-8 apart (a Ray actor and the driver
+    then disagree). Here each row is cut into blocks of `ROW_BLOCK` contiguous elements, each
+    block summed in float32 on its own (many outputs: torch parallelizes over outputs, every
+    output reduced serially), then the blocks are summed in float64 (at most m / ROW_BLOCK + 1
+    per row, serial or parallel over rows). Accuracy: pairwise within a block, float64 across.
+    """
+    c = x.shape[0]
+    x = x.reshape(c, -1)
+    m, acc = x.shape[1], torch.float64 if x.dtype == torch.float64 else torch.float32
+    k = m // ROW_BLOCK
+    parts = [x[:, :k * ROW_BLOCK].reshape(c, k, ROW_BLOCK).sum(2, dtype=acc)] if k else []
+    if m > k * ROW_BLOCK or not parts:
+        parts.append(x[:, k * ROW_BLOCK:].sum(1, keepdim=True, dtype=acc))
+    blocks = torch.cat(parts, 1).double() if len(parts) > 1 else parts[0].double()
+    if c == 1 and blocks.shape[1] > ROW_BLOCK:  # keep the second stage serial as well
+        return rowsum(blocks)
+    return blocks.sum(1)
