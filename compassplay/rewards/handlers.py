@@ -188,11 +188,14 @@ class LinearHandler(Handler):
 
     def backward(self, st: PassState, a: torch.Tensor, b: torch.Tensor) -> None:
         n = st.n
-        a = a.reshape(n, -1, a.shape[-1]).float()
-        b = b.reshape(n, -1, b.shape[-1]).float()
+        # Products in the model's dtype (bf16/fp16: the tensor-core rate the floor runs at)
+        # with float32 accumulation and float32 results (`_bmm32`); float32 models stay float32.
+        cd = a.dtype if a.dtype in LOW_PRECISION else torch.float32
+        a = a.reshape(n, -1, a.shape[-1]).to(cd)
+        b = b.reshape(n, -1, b.shape[-1]).to(cd)
         wname, bname = self.attrs.get("weight"), self.attrs.get("bias")
         if bname is not None:
-            self.add(st, slice(None), bname, b.sum(1))
+            self.add(st, slice(None), bname, b.sum(1, dtype=torch.float32))
         if wname is None:
             return
         if self.tied_with is not None and st.dim is None:
@@ -201,7 +204,7 @@ class LinearHandler(Handler):
                 st.declined.add(self.group)
                 return
             g = b.gather(2, ids.unsqueeze(1).expand(n, b.shape[1], ids.shape[1]))
-            st.tied_rows[self.group] = torch.bmm(g.transpose(1, 2), a)  # (N, S_e, d_in)
+            st.tied_rows[self.group] = _bmm32(g.transpose(1, 2), a)  # (N, S_e, d_in)
         cost = LinearCost(n, a.shape[1], a.shape[2], b.shape[2])
         path = "materialize" if st.dim is not None else cost.choose(self.ctx.path)
         self.ctx.record(self.name, path, cost.report(path))
@@ -215,13 +218,14 @@ class LinearHandler(Handler):
         t = a.shape[1]
         step = max(1, self.ctx.chunk_bytes // (8 * t * max(t, b.shape[2])))
         acc = st.acc_for(self.group, a.device)
+        vt = (v if self.transposed else v.t()).to(a.dtype)  # (d_in, d_out)
         for s in range(0, st.n, step):
             sl = slice(s, min(st.n, s + step))
             ac, bc = a[sl], b[sl]
-            gram = torch.bmm(ac, ac.transpose(1, 2)).mul_(torch.bmm(bc, bc.transpose(1, 2)))
+            gram = _bmm32(ac, ac.transpose(1, 2)).mul_(_bmm32(bc, bc.transpose(1, 2)))
             acc.sq[sl] += rowsum(gram)
-            av = ac @ v if self.transposed else ac @ v.t()
-            acc.inner[sl] += rowsum(av * bc)
+            av = _mm32(ac.reshape(-1, ac.shape[2]), vt).reshape(bc.shape)
+            acc.inner[sl] += rowsum(av.mul_(bc))
 
     def _materialize(self, st: PassState, a: torch.Tensor, b: torch.Tensor, wname: str) -> None:
         """G_i by one batched GEMM per chunk of samples (at least one sample, else at most
@@ -233,7 +237,7 @@ class LinearHandler(Handler):
         for s in range(0, st.n, step):
             sl = slice(s, min(st.n, s + step))
             ac, bc = a[sl], b[sl]
-            g = torch.bmm(ac.transpose(1, 2), bc) if self.transposed else torch.bmm(
+            g = _bmm32(ac.transpose(1, 2), bc) if self.transposed else _bmm32(
                 bc.transpose(1, 2), ac)
             self.add(st, sl, wname, g)
 
@@ -380,6 +384,29 @@ def tie(head: Handler, embedding: Handler) -> bool:
         return False
     head.tied_with, embedding.tied = id(embedding), True
     return True
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _bmm32(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`bmm(x, y)` as float32. Low-precision operands are multiplied in their dtype with
+    float32 accumulation: on CUDA with a float32 result (`out_dtype`); on other devices, which
+    lack that overload, the result is rounded to the operand dtype and widened."""
+    if x.dtype not in LOW_PRECISION:
+        return torch.bmm(x, y)
+    if x.is_cuda:  # GPU only: bf16 tensor cores, float32 output
+        return torch.bmm(x, y, out_dtype=torch.float32)
+    return torch.bmm(x, y).float()
+
+
+def _mm32(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`mm(x, y)` as float32, like `_bmm32`."""
+    if x.dtype not in LOW_PRECISION:
+        return torch.mm(x, y)
+    if x.is_cuda:  # GPU only
+        return torch.mm(x, y, out_dtype=torch.float32)
+    return torch.mm(x, y).float()
 
 
 def _rowsq(flat: torch.Tensor) -> torch.Tensor:
