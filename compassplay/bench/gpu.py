@@ -84,11 +84,15 @@ def scorer_part(args: argparse.Namespace, shape: str) -> dict:
     """`bench scorer` at `shape`, no subspaces."""
     caps = {"qwen2.5-7b": 4096} | {k: int(v) for k, v in
                                    (s.split("=", 1) for s in args.max_batch_tokens)}
-    ns = argparse.Namespace(shape=shape, max_batch_tokens=caps.get(shape, 16384), dtype=args.dtype, device=args.device,
-                            fp32_check=args.fp32_check, n_candidates=args.n_candidates,
-                            seq_len=args.seq_len, n_ref=4, hidden=64, layers=2, vocab=512,
-                            reps=args.reps, threads=0, seed=0, proj_dims=[], last_k=[],
-                            no_subspaces=True, json=True)
+    ns = argparse.ArgumentParser()
+    scorer_bench.add_arguments(ns)
+    ns = ns.parse_args([])
+    prompt = max(1, args.seq_len // 4)
+    vars(ns).update(shape=shape, max_batch_tokens=caps.get(shape, 16384), dtype=args.dtype,
+                    device=args.device, fp32_check=args.fp32_check,
+                    n_candidates=args.n_candidates, seq_len=args.seq_len,
+                    prompt_tokens=prompt, target_tokens=args.seq_len - prompt, n_ref=4,
+                    reps=args.reps, memory="profiler", no_subspaces=True, json=True)
     out = scorer_bench.run(ns)
     out["layer_path_counts"] = {k: len(v) for k, v in out.pop("layer_paths").items()}
     return out

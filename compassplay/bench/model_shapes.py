@@ -34,9 +34,10 @@ def toy_fields(hidden: int, layers: int, vocab: int) -> dict:
 
 
 def build(name: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-          seed: int = 0, toy: dict | None = None) -> torch.nn.Module:
+          seed: int = 0, toy: dict | None = None, layers: int | None = None) -> torch.nn.Module:
     """The model of shape `name` (one of SHAPE_NAMES; "toy" takes `toy_fields(...)` as
-    `toy`), random weights from `seed`, in eval mode."""
+    `toy`), random weights from `seed`, in eval mode. `layers` truncates a real shape's depth
+    (quick runs; the widths stay)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if name == "toy":
@@ -47,6 +48,8 @@ def build(name: str, dtype: torch.dtype = torch.float32, device: str | torch.dev
         raise ValueError(f"--shape: unknown model shape {name!r} (expected one of "
                          f"{', '.join(SHAPE_NAMES)})")
     arch = fields.pop("arch")
+    if layers and name != "toy":
+        fields["num_hidden_layers"] = layers
     cfg_cls, model_cls = {"llama": (LlamaConfig, LlamaForCausalLM),
                           "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
     cfg = cfg_cls(max_position_embeddings=4096, **fields)

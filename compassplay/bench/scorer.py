@@ -9,13 +9,23 @@ toy, or SmolLM2-135M / Qwen2.5-1.5B / Qwen2.5-7B shapes, `bench.model_shapes`) i
 * floor: one batched forward + `autograd.grad` of the summed candidate losses w.r.t. all
   parameters -- what one training step on the candidates costs, the cost floor of scoring.
 
+Models: `--shape toy` (a tiny Qwen2, `--hidden/--layers/--vocab`, varied lengths) or a real
+model's architecture and sizes with random init (`smollm2-135m` for CPUs, `qwen2.5-1.5b` and
+`qwen2.5-7b` for GPUs; `--layers` truncates depth for quick runs, the headline is full depth),
+with `--candidates` examples of exactly `--prompt-tokens` + `--target-tokens` tokens.
+
 Timings are medians over `--reps` rounds; each round runs the three in rotating order (the
-machine may be shared, so rounds alternate). Threads: `torch.set_num_threads(--threads)`, by
-default all cores torch sees. Memory: in a separate, untimed run under `torch.profiler`
-(profile_memory), the peak of live torch CPU tensor bytes allocated during the call (tensors
-that existed before are not counted; an op's temporaries freed inside the op count only by
-their net). CPU torch allocations are invisible to tracemalloc, and RSS deltas mostly measure
-the allocator's caching, hence the profiler. On CUDA: the caching allocator's peak statistic.
+machine may be shared, so rounds alternate); `cpu_s` is the process CPU time of the same calls
+(robust to other processes taking cores, unlike wall time). Threads:
+`torch.set_num_threads(--threads)`, by default all cores torch sees. Memory (CPU): in the
+first, untimed round (the warm-up), under `torch.profiler` (profile_memory), the peak of live
+torch tensor bytes allocated during the call (tensors that existed before are not counted; an
+op's temporaries freed inside the op count only by their net); naive's on its longest
+candidate (it scores one at a time). CPU torch allocations are invisible to tracemalloc, and
+RSS deltas mostly measure the allocator's caching, hence the profiler. CUDA: the allocator's
+peak. `cost_model` is the per-layer path decision of the scorer's cost model
+(`rewards/cost.py`); `--profile` adds one timed scoring call split into forward, input-gradient
+backward, and the hooks' work per layer kind with its flops.
 With `--dtype bfloat16` the cosines are also compared with a float32 per-candidate oracle at
 the same (upcast) weights on `--fp32-check` candidates (`cos_err_vs_fp32`).
 """
@@ -23,6 +33,7 @@ the same (upcast) weights on `--fp32-check` candidates (`cos_err_vs_fp32`).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import statistics
@@ -48,7 +59,8 @@ from compassplay.rewards.subspace import last_blocks_globs
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench scorer`."""
     parser.add_argument("--shape", default="toy", choices=SHAPE_NAMES,
-                        help="model shape, random weights (toy: --hidden/--layers/--vocab)")
+                        help="toy: a tiny Qwen2 (--hidden/--layers/--vocab); or a real model's "
+                             "shape with random weights (headline numbers: full depth)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                         help="the scored model's dtype (the scorer's `scorer.dtype` knob)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (cuda if present)")
@@ -57,15 +69,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "float32 per-candidate oracle on this many candidates (0: skip)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
                         help="padded tokens per batched pass (scorer and floor alike)")
-    parser.add_argument("--n-candidates", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=128, help="prompt+target tokens (max)")
-    parser.add_argument("--n-ref", type=int, default=8, help="reference examples")
-    parser.add_argument("--hidden", type=int, default=256, help="toy shape only")
-    parser.add_argument("--layers", type=int, default=4, help="toy shape only")
-    parser.add_argument("--vocab", type=int, default=2048, help="toy shape only")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--n-candidates", "--candidates", dest="n_candidates", type=int,
+                        default=None, help="default 32 (toy) / 16 (real shapes)")
+    parser.add_argument("--seq-len", type=int, default=128,
+                        help="toy: prompt+target tokens (max, lengths vary)")
+    parser.add_argument("--prompt-tokens", type=int, default=64, help="real shapes")
+    parser.add_argument("--target-tokens", type=int, default=256, help="real shapes")
+    parser.add_argument("--n-ref", type=int, default=None, help="reference examples "
+                        "(default 8 toy / 4 real shapes)")
+    parser.add_argument("--hidden", type=int, default=256, help="toy")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="depth (toy default 4; real shapes: truncate for quick runs)")
+    parser.add_argument("--vocab", type=int, default=2048, help="toy")
+    parser.add_argument("--reps", type=int, default=None, help="timed rounds (5 toy / 2 real)")
     parser.add_argument("--threads", type=int, default=0, help="0: torch default")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory", choices=["profiler", "rss", "none"], default=None,
+                        help="peak memory: profiler (an untimed warm-up round; default toy), "
+                             "rss (peak RSS growth during the timed calls; default real shapes, "
+                             "no extra round) or none")
+    parser.add_argument("--no-memory", action="store_const", const="none", dest="memory",
+                        help="same as --memory none")
+    parser.add_argument("--profile", action="store_true",
+                        help="time the scorer's work per layer kind (in the last timed round)")
     parser.add_argument("--proj-dims", type=int, nargs="*", default=[1024, 8192])
     parser.add_argument("--last-k", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--no-subspaces", action="store_true")
@@ -83,6 +109,21 @@ def resolve_device(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda: CUDA is not available on this machine")
     return dev
+
+
+def build_shape(shape: str, layers: int | None = None, seed: int = 0,
+                dtype: torch.dtype = torch.float32,
+                device: str | torch.device = "cpu") -> torch.nn.Module:
+    """A real model's architecture and sizes (`model_shapes`), random init, eval mode;
+    `layers` truncates the depth."""
+    return model_shapes.build(shape, dtype, device, seed, layers=layers)
+
+
+def fixed_examples(n: int, prompt: int, target: int, vocab: int,
+                   gen: torch.Generator) -> list[Example]:
+    """n examples of exactly `prompt` + `target` random tokens."""
+    ids = torch.randint(0, vocab, (n, prompt + target), generator=gen).tolist()
+    return [Example(r[:prompt], r[prompt:]) for r in ids]
 
 
 def make_examples(n: int, seq_len: int, vocab: int, gen: torch.Generator) -> list[Example]:
@@ -112,9 +153,9 @@ def floor_step(model: torch.nn.Module, cands: list[Example],
 
 
 def peak_alloc_mb(fn: Callable[[], object], device: torch.device | None = None) -> float:
-    """Peak (MiB) of torch tensor bytes allocated during `fn` above what was live before it.
-    CUDA: the caching allocator's peak statistic. CPU: from the profiler's memory events
-    (per-op net allocations and frees, in time order)."""
+    """Peak (MiB) of torch tensor bytes allocated and still live during `fn`. CPU: from the
+    profiler's memory events (per-op net allocations and frees, in time order); CUDA: the
+    allocator's peak minus what was allocated before."""
     if device is not None and device.type == "cuda":
         torch.cuda.synchronize(device)
         base = torch.cuda.memory_allocated(device)
@@ -153,24 +194,60 @@ def spearman(x: list[float], y: list[float]) -> float:
     return float(rx @ ry) / den if den > 0 else 0.0
 
 
+def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, list[Example], list[Example]]:
+    dev = resolve_device(args.device)
+    dtype = DTYPES[args.dtype]
+    gen = torch.Generator().manual_seed(args.seed + 1)
+    if args.shape == "toy":
+        args.n_candidates = args.n_candidates or 32
+        args.layers, args.n_ref = args.layers or 4, args.n_ref or 8
+        toy = model_shapes.toy_fields(args.hidden, args.layers, args.vocab)
+        model = model_shapes.build("toy", dtype, dev, args.seed, toy=toy)
+        cands = make_examples(args.n_candidates, args.seq_len, args.vocab, gen)
+        ref = make_examples(args.n_ref, args.seq_len, args.vocab, gen)
+        return model, cands, ref
+    args.n_candidates, args.n_ref = args.n_candidates or 16, args.n_ref or 4
+    model = build_shape(args.shape, args.layers, args.seed, dtype, dev)
+    vocab = model.config.vocab_size
+    cands = fixed_examples(args.n_candidates, args.prompt_tokens, args.target_tokens, vocab, gen)
+    ref = fixed_examples(args.n_ref, args.prompt_tokens, args.target_tokens, vocab, gen)
+    return model, cands, ref
+
+
+def _rss(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak_rss() -> int:
+    """Reset the kernel's peak-RSS mark (Linux) and return the current RSS in bytes."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _rss("VmRSS")
+
+
+def _peak_rss() -> int:
+    return _rss("VmHWM")
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
 def run(args: argparse.Namespace) -> dict:
     """Run the benchmark; returns the JSON-ready result dict."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    dev = resolve_device(args.device)
-    toy = model_shapes.toy_fields(args.hidden, args.layers, args.vocab)
-    model = model_shapes.build(args.shape, DTYPES[args.dtype], dev, args.seed, toy=toy)
-    vocab = model.config.vocab_size
-    gen = torch.Generator().manual_seed(args.seed + 1)
-    cands = make_examples(args.n_candidates, args.seq_len, vocab, gen)
-    ref = make_examples(args.n_ref, args.seq_len, vocab, gen)
+    model, cands, ref = _setup(args)
+    dev = next(model.parameters()).device
+    reps = args.reps or (5 if args.shape == "toy" else 2)
     scorer = GradientScorer(model, "all", max_batch_tokens=args.max_batch_tokens)
     scorer.set_reference(ref)
     rs = scorer.reference
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
 
     def naive() -> list[float]:
         inner, sq, _ = naive_partials(model, scorer.params, rs.grads, cands)
@@ -179,56 +256,95 @@ def run(args: argparse.Namespace) -> dict:
     def batched() -> list[float]:
         return [s.cosine for s in scorer.score(cands)]
 
-    fns = {"naive": naive, "batched": batched, "floor": lambda: floor_step(model, cands, args.max_batch_tokens)}
-    for fn in fns.values():  # warm-up
-        fn()
+    fns = {"naive": naive, "batched": batched,
+           "floor": lambda: floor_step(model, cands, args.max_batch_tokens)}
+    memory = args.memory or ("profiler" if args.shape == "toy" else "rss")
+    if dev.type == "cuda" and memory == "rss":
+        memory = "profiler"  # i.e. the CUDA allocator's peak, in the warm-up round
+    mem: dict[str, float | None] = {k: None for k in fns}
+    if memory == "profiler":
+        # The first (untimed) round warms up and measures peak memory. Naive's peak is one
+        # candidate's forward+backward (they run one at a time): measured on the longest
+        # candidate, since the profiler's memory events make the whole loop very slow.
+        longest = max(cands, key=len)
+        mem = {**{k: peak_alloc_mb(fn, dev) for k, fn in fns.items() if k != "naive"},
+               "naive": peak_alloc_mb(lambda: naive_partials(
+                   model, scorer.params, rs.grads, [longest]), dev)}
+    else:  # warm up on two candidates
+        few = cands[:2]
+        naive_partials(model, scorer.params, rs.grads, few)
+        scorer.score(few)
+        floor_step(model, few, args.max_batch_tokens)
     times: dict[str, list[float]] = {k: [] for k in fns}
+    cpu: dict[str, list[float]] = {k: [] for k in fns}
+    last: dict[str, object] = {}
+    prof: dict = {}
     keys = list(fns)
-    for r in range(args.reps):
+    for r in range(reps):
         for k in keys[r % 3:] + keys[: r % 3]:
-            sync()
-            t0 = time.perf_counter()
-            fns[k]()
-            sync()
+            profiled = args.profile and k == "batched" and r == reps - 1
+            _sync(dev)
+            base = _reset_peak_rss() if memory == "rss" else 0
+            t0, c0 = time.perf_counter(), time.process_time()
+            with scorer.profiling() if profiled else contextlib.nullcontext({}) as p:
+                last[k] = fns[k]()
+            _sync(dev)
             times[k].append(time.perf_counter() - t0)
+            cpu[k].append(time.process_time() - c0)
+            if memory == "rss":
+                mem[k] = max(mem[k] or 0.0, round((_peak_rss() - base) / 2**20, 1))
+            prof = p or prof
     med = {k: statistics.median(v) for k, v in times.items()}
-    full = batched()
-    naive_cos = naive()
-    err = max(abs(a - b) for a, b in zip(full, naive_cos, strict=True))
+    cmed = {k: statistics.median(v) for k, v in cpu.items()}
+    full = last["batched"]
+    err = max(abs(a - b) for a, b in zip(full, last["naive"], strict=True))
     out = {
         "shape": args.shape,
+        "layers": sum(1 for _ in _blocks(model)) or args.layers,
         "dtype": args.dtype,
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "n_candidates": len(cands),
-        "seq_len": args.seq_len,
+        "seq_len": max(len(c) for c in cands),
+        "tokens_per_candidate": [min(len(c) for c in cands), max(len(c) for c in cands)],
         "mean_tokens": sum(len(c) for c in cands) / len(cands),
         "params": model_shapes.param_count(model),
         "threads": torch.get_num_threads(),
         "max_batch_tokens": args.max_batch_tokens,
-        "reps": args.reps,
+        "reps": reps,
         "naive_s": round(med["naive"], 4),
         "batched_s": round(med["batched"], 4),
         "floor_s": round(med["floor"], 4),
         "candidates_per_s": round(len(cands) / med["batched"], 2),
         "ratio": round(med["batched"] / med["naive"], 3),
         "floor_ratio": round(med["batched"] / med["floor"], 3),
+        "times_s": {k: [round(t, 3) for t in v] for k, v in times.items()},
+        "cpu_s": {k: round(v, 3) for k, v in cmed.items()},
+        "cpu_ratio": round(cmed["batched"] / cmed["naive"], 3),
+        "cpu_floor_ratio": round(cmed["batched"] / cmed["floor"], 3),
         "max_abs_cos_err": err,
-        "peak_mem_batched_mb": peak_alloc_mb(batched, dev),
-        "peak_mem_floor_mb": peak_alloc_mb(fns["floor"], dev),
-        "peak_mem_naive_mb": peak_alloc_mb(naive, dev),
-        "memory_method": ("CUDA caching allocator peak above the memory live before the call"
-                          if dev.type == "cuda" else
-                          "peak live torch CPU allocations during the call (torch.profiler "
-                          "memory events; excludes tensors that existed before the call)"),
+        "peak_mem_batched_mb": mem["batched"],
+        "peak_mem_floor_mb": mem["floor"],
+        "peak_mem_naive_mb": mem["naive"],
+        "mem_ratio": round(mem["batched"] / mem["floor"], 3) if mem["floor"] else None,
+        "memory_method": {
+            "profiler": "peak live torch allocations during the call (CPU: torch.profiler "
+                        "memory events; CUDA: max_memory_allocated; excludes tensors that "
+                        "existed before the call)",
+            "rss": "peak resident set size during the timed call minus the RSS before it "
+                   "(VmHWM after resetting it; max over rounds; includes allocator caching)",
+            "none": None}[memory],
         "layer_paths": _path_summary(scorer.layer_paths),
+        "cost_model": scorer.cost_report(),
     }
+    if args.profile:
+        out["profile"] = prof
     if not args.no_subspaces:
         out["subspaces"] = _subspaces(model, ref, cands, full, args)
     if args.dtype != "float32" and args.fp32_check > 0:
         k = min(args.fp32_check, len(cands))
         del scorer, rs, fns
-        out.update(fp32_errors(model, ref, cands[:k], full[:k], naive_cos[:k]))
+        out.update(fp32_errors(model, ref, cands[:k], full[:k], last["naive"][:k]))
     return out
 
 
@@ -250,6 +366,11 @@ def fp32_errors(model: torch.nn.Module, ref: list[Example], cands: list[Example]
             "cos_err_vs_fp32": max(abs(a - b) for a, b in zip(batched, exact, strict=True)),
             "naive_cos_err_vs_fp32": max(abs(a - b) for a, b in
                                          zip(naive_low, exact, strict=True))}
+
+
+def _blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
+    inner = getattr(model, "model", None)
+    return list(getattr(inner, "layers", []))
 
 
 def _path_summary(paths: dict[str, list[str]]) -> dict[str, list[str]]:

@@ -13,7 +13,9 @@ train/eval modes are left exactly as they were.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,7 @@ from torch import nn
 
 from .batch import Example, batch_losses, make_batch, plan_batches, scoring_mode
 from .functions import safe_cosine
+from .handlers import rowsum
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine
 from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
@@ -99,6 +102,40 @@ class GradientScorer:
             out.setdefault(n, []).append("loop")
         return out
 
+    def cost_report(self) -> dict[str, dict]:
+        """Per module, the cost model's last decision (path and its inputs), for the bench."""
+        return dict(self.engine.decisions)
+
+    @contextlib.contextmanager
+    def profiling(self) -> Iterator[dict]:
+        """Times the scoring calls made inside the block; on exit the yielded dict holds
+        `summary` (seconds of the forward, the input-gradient half of the backward, and the
+        hooks' own work) and `hooks_by_kind` (per layer kind, the last module-name part such as
+        `lm_head`, `q_proj`, `input_layernorm`: seconds, flops and flop rate)."""
+        ctx, out = self.engine.ctx, {}
+        ctx.timings, ctx.flops = {}, {}
+        t0 = time.perf_counter()
+        try:
+            yield out
+        finally:
+            total, t, flops = time.perf_counter() - t0, ctx.timings, ctx.flops
+            ctx.timings = None
+        hooks = {k: v for k, v in t.items() if k not in ("forward", "backward")}
+        out["summary"] = {
+            "total_s": round(total, 3), "forward_s": round(t.get("forward", 0.0), 3),
+            "input_grad_backward_s": round(t.get("backward", 0.0) - sum(hooks.values()), 3),
+            "hooks_s": round(sum(hooks.values()), 3)}
+        out["hooks_by_kind"] = {
+            k: {"s": round(v, 3), "gflop": round(flops.get(k, 0) / 1e9, 2),
+                "gflop_per_s": round(flops.get(k, 0) / 1e9 / v, 1) if v > 0 else None}
+            for k, v in sorted(hooks.items(), key=lambda kv: -kv[1])}
+
+    def profile(self, cands: list[Example]) -> dict:
+        """One profiled `partials(cands)` (see `profiling`)."""
+        with self.profiling() as prof:
+            self.partials(cands)
+        return prof
+
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
         """Load new weights into the model and mark them as `version`."""
         self.model.load_state_dict(state_dict)
@@ -126,13 +163,13 @@ class GradientScorer:
         if reduce is not None:
             for g in grads.values():
                 reduce(g)
-        sq = float(sum(g.double().pow(2).sum() for g in grads.values()))
+        sq = float(sum(rowsum(g.double().pow(2).reshape(1, -1))[0] for g in grads.values()))
         proj = None
         if self.sketch is not None:
             proj = sum(self.sketch.project(n, self.params[n], g.unsqueeze(0))[0].double()
                        for n, g in grads.items())
         self.reference = Reference(grads, sq, proj, self.weight_version, n_total)
-        self.engine.ref = grads
+        self.engine.set_reference(grads)
 
     def check_reference(self, allow_stale: bool = False) -> Reference:
         """The current reference; raises if unset, or stale unless `allow_stale`."""
@@ -167,7 +204,7 @@ class GradientScorer:
                 loop = sorted(self.engine.fallback | declined)
                 if loop:
                     params = {k: self.params[k] for k in loop}
-                    ref = {k: self.engine.ref[k] for k in loop}
+                    ref = {k: self.reference.grads[k] for k in loop}
                     self._put(out, idx, *naive_partials(
                         self.model, params, ref, [cands[i] for i in idx], self.sketch))
                     for k in loop:
@@ -187,9 +224,9 @@ class GradientScorer:
 def finalize(p: Partials, ref_sq: float, ref_proj: torch.Tensor | None) -> list[AlignmentScore]:
     """Turn (reduced) partials into scores; in projection mode everything is in the projection."""
     if p.proj is not None and ref_proj is not None:
-        inner = p.proj @ ref_proj.double().cpu()
-        sq = p.proj.pow(2).sum(1)
-        ref_sq = float(ref_proj.double().pow(2).sum())
+        rp = ref_proj.double().cpu().reshape(1, -1)
+        inner, sq = rowsum(p.proj * rp), rowsum(p.proj.pow(2))
+        ref_sq = float(rowsum(rp.pow(2))[0])
     else:
         inner, sq = p.inner, p.sq
     ref_norm = max(ref_sq, 0.0) ** 0.5

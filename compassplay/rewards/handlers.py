@@ -3,67 +3,127 @@
 Each handler owns one module whose direct parameters are (partly) selected. `on_forward` keeps
 the module input; a tensor hook on its output receives `b = dL/d out` during the backward and
 `backward` adds, per sample, `<G_i, V>` and `||G_i||^2` (or the projection of `G_i`).
+
+Handlers see the engine only through a `HandlerContext` (what to score against, the path
+policy, where to record decisions and timings) and one pass only through its `PassState`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vjp, vmap
 
-if TYPE_CHECKING:
-    from .per_sample import PerSampleEngine
+from .cost import LinearCost
+from .subspace import CountSketch
 
 try:  # GPT-2's transposed linear layer
     from transformers.pytorch_utils import Conv1D
 except Exception:  # pragma: no cover - transformers is a dependency
     Conv1D = ()
 
+@dataclass
+class HandlerContext:
+    """What every handler shares: the selected parameters, what the partials are taken against
+    (`ref` per parameter name in exact mode, `sketch` in projection mode), the path policy, and
+    where paths, cost decisions and (optionally) seconds per layer kind are recorded."""
+
+    params: dict[str, nn.Parameter]
+    sketch: CountSketch | None = None
+    path: str = "auto"
+    chunk_bytes: int = 64 << 20
+    ref: dict[str, torch.Tensor] = field(default_factory=dict)
+    paths: dict[str, set[str]] = field(default_factory=dict)
+    decisions: dict[str, dict] = field(default_factory=dict)
+    timings: dict[str, float] | None = None
+    flops: dict[str, float] = field(default_factory=dict)
+    recomputing: bool = False
+
+    def record(self, module: str, path: str, decision: dict | None = None) -> None:
+        self.paths.setdefault(module, set()).add(path)
+        if decision is not None:
+            self.decisions[module] = decision
+
+    @contextlib.contextmanager
+    def recompute(self) -> Iterator[None]:
+        """Marks a handler's own re-run of a module's forward (hooks must ignore it)."""
+        self.recomputing = True
+        try:
+            yield
+        finally:
+            self.recomputing = False
+
+    @contextlib.contextmanager
+    def timed(self, kind: str) -> Iterator[None]:
+        if self.timings is None:
+            yield
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[kind] = self.timings.get(kind, 0.0) + time.perf_counter() - t0
+
 
 @dataclass
-class _Acc:
+class Accum:
+    """Per-sample partials: inner (N,) and sq (N,) float64, proj (N, dim) float32 or None."""
+
     inner: torch.Tensor
     sq: torch.Tensor
     proj: torch.Tensor | None
 
+    @classmethod
+    def zeros(cls, n: int, dim: int | None, device: torch.device) -> Accum:
+        z = torch.zeros(n, dtype=torch.float64, device=device)
+        return cls(z, z.clone(), None if dim is None else torch.zeros(n, dim, device=device))
+
+    def add_(self, other: Accum) -> None:
+        self.inner += other.inner
+        self.sq += other.sq
+        if self.proj is not None:
+            self.proj += other.proj
+
 
 @dataclass
-class _Pass:
-    """State of one micro-batch pass."""
+class PassState:
+    """State of one micro-batch pass: per-group partials, declined groups, and what handlers
+    hand each other (embedding ids, the tied head's rows at those ids)."""
 
     n: int
     dim: int | None
-    acc: dict[int, _Acc] = field(default_factory=dict)
+    acc: dict[int, Accum] = field(default_factory=dict)
     declined: set[int] = field(default_factory=set)
     calls: dict[int, int] = field(default_factory=dict)
     ids: dict[int, torch.Tensor] = field(default_factory=dict)
     tied_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
 
-    def acc_for(self, group: int, device: torch.device) -> _Acc:
+    def acc_for(self, group: int, device: torch.device) -> Accum:
         if group not in self.acc:
-            z = torch.zeros(self.n, dtype=torch.float64, device=device)
-            proj = None if self.dim is None else torch.zeros(self.n, self.dim, device=device)
-            self.acc[group] = _Acc(z, z.clone(), proj)
+            self.acc[group] = Accum.zeros(self.n, self.dim, device)
         return self.acc[group]
 
 
-class _Handler(ABC):
-    """Base: one module whose direct parameters (all or some) are selected."""
+class Handler(ABC):
+    """Base: one module whose direct parameters (all or some) are selected. `attrs` maps the
+    module's attribute names to parameter names; handlers of one `group` are kept or declined
+    together (a tied embedding and head form one group)."""
 
-    def __init__(self, engine: PerSampleEngine, name: str, module: nn.Module,
+    def __init__(self, ctx: HandlerContext, name: str, module: nn.Module,
                  attrs: dict[str, str], group: int) -> None:
-        self.engine, self.name, self.module, self.attrs, self.group = (
-            engine, name, module, attrs, group)
-        self.path = ""
+        self.ctx, self.name, self.module, self.attrs, self.group = ctx, name, module, attrs, group
+        self.kind = name.rsplit(".", 1)[-1] or type(module).__name__
 
-    def on_forward(self, st: _Pass, z: torch.Tensor, args: tuple, kwargs: dict, out):
-        if self.engine.recomputing:  # our own vmap recomputation of a module's forward
+    def on_forward(self, st: PassState, z: torch.Tensor, args: tuple, kwargs: dict, out):
+        if self.ctx.recomputing:  # our own recomputation of a module's forward
             return None
         x = args[0] if args else next(iter(kwargs.values()), None)
         if (not isinstance(out, torch.Tensor) or not isinstance(x, torch.Tensor)
@@ -74,7 +134,7 @@ class _Handler(ABC):
         if st.calls[id(self)] > 1 or not self.accepts(args, kwargs):
             st.declined.add(self.group)
             return None
-        ctx = self.save(st, x)
+        box = [self.save(st, x)]  # released once used: the backward frees activations as it goes
         # Roots (input without grad, e.g. token ids) get the zero leaf added so the backward
         # reaches them; other outputs are reached through the model's input embeddings (+ z).
         out2 = out if x.requires_grad else out + z
@@ -84,9 +144,12 @@ class _Handler(ABC):
 
         def hook(b: torch.Tensor) -> None:
             st.pending.discard(id(self))
-            if self.group not in st.declined:
-                with torch.no_grad():
-                    self.backward(st, ctx, b.detach())
+            saved, box[0] = box[0], None
+            if saved is None:  # a second backward through this output: not ours to handle
+                st.declined.add(self.group)
+            elif self.group not in st.declined:
+                with torch.no_grad(), self.ctx.timed(self.kind):
+                    self.backward(st, saved, b.detach())
 
         out2.register_hook(hook)
         return out2 if out2 is not out else None
@@ -94,38 +157,45 @@ class _Handler(ABC):
     def accepts(self, args: tuple, kwargs: dict) -> bool:
         return True
 
-    def save(self, st: _Pass, x: torch.Tensor):
+    def save(self, st: PassState, x: torch.Tensor):
         return x.detach()
 
     @abstractmethod
-    def backward(self, st: _Pass, ctx, b: torch.Tensor) -> None:
+    def backward(self, st: PassState, saved, b: torch.Tensor) -> None:
         """Accumulate this layer's per-sample partials from its saved input and output grad."""
 
-    # shared helpers -------------------------------------------------------------------------
-    def add(self, st: _Pass, sl: slice, name: str, grads: torch.Tensor) -> None:
+    def add(self, st: PassState, sl: slice, name: str, grads: torch.Tensor) -> None:
         """Add materialized per-sample grads (c, *param.shape) of parameter `name`."""
         acc = st.acc_for(self.group, grads.device)
         flat = grads.reshape(grads.shape[0], -1).float()
         if st.dim is not None:
-            acc.proj[sl] += self.engine.sketch.project(name, self.engine.params[name], flat)
+            acc.proj[sl] += self.ctx.sketch.project(name, self.ctx.params[name], flat)
             return
-        acc.inner[sl] += (flat @ self.engine.ref[name].reshape(-1)).double()
+        # Elementwise products reduced by `sum` (a cascade sum: ~1e-8 relative over 28M terms),
+        # not `mv` / `vector_norm`, which measured 1e-4 / 3e-3 relative error at that size.
+        acc.inner[sl] += rowsum(flat * self.ctx.ref[name].reshape(1, -1))
         acc.sq[sl] += _rowsq(flat)
 
 
-class _LinearHandler(_Handler):
+class LinearHandler(Handler):
     """nn.Linear (weight (d_out, d_in)) or Conv1D (weight (d_in, d_out), `transposed`)."""
 
     transposed = False
-    tied_with: int | None = None  # id of the embedding handler sharing the weight
 
-    def backward(self, st: _Pass, a: torch.Tensor, b: torch.Tensor) -> None:
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tied_with: int | None = None  # id of the embedding handler sharing the weight
+
+    def backward(self, st: PassState, a: torch.Tensor, b: torch.Tensor) -> None:
         n = st.n
-        a = a.reshape(n, -1, a.shape[-1]).float()
-        b = b.reshape(n, -1, b.shape[-1]).float()
+        # Products in the model's dtype (bf16/fp16: the tensor-core rate the floor runs at)
+        # with float32 accumulation and float32 results (`_bmm32`); float32 models stay float32.
+        cd = a.dtype if a.dtype in LOW_PRECISION else torch.float32
+        a = a.reshape(n, -1, a.shape[-1]).to(cd)
+        b = b.reshape(n, -1, b.shape[-1]).to(cd)
         wname, bname = self.attrs.get("weight"), self.attrs.get("bias")
         if bname is not None:
-            self.add(st, slice(None), bname, b.sum(1))
+            self.add(st, slice(None), bname, b.sum(1, dtype=torch.float32))
         if wname is None:
             return
         if self.tied_with is not None and st.dim is None:
@@ -134,45 +204,62 @@ class _LinearHandler(_Handler):
                 st.declined.add(self.group)
                 return
             g = b.gather(2, ids.unsqueeze(1).expand(n, b.shape[1], ids.shape[1]))
-            st.tied_rows[self.group] = torch.bmm(g.transpose(1, 2), a)  # (N, S_e, d_in)
-        t, din, dout = a.shape[1], a.shape[2], b.shape[2]
-        ghost = st.dim is None and self.engine.path != "materialize" and (
-            self.engine.path == "ghost" or t * t * (din + dout) < 2 * din * dout)
-        self.path = "ghost" if ghost else "materialize"
-        self.engine.paths.setdefault(self.name, set()).add(self.path)
-        per = 4 * (t * t * 2 if ghost else din * dout)
-        step = max(1, self.engine.chunk_bytes // max(per, 1))
+            st.tied_rows[self.group] = _bmm32(g.transpose(1, 2), a)  # (N, S_e, d_in)
+        cost = LinearCost(n, a.shape[1], a.shape[2], b.shape[2])
+        path = "materialize" if st.dim is not None else cost.choose(self.ctx.path)
+        self.ctx.record(self.name, path, cost.report(path))
+        self.ctx.flops[self.kind] = self.ctx.flops.get(self.kind, 0) + cost.flops(path)
+        if path == "ghost":
+            self._ghost(st, a, b, self.ctx.ref[wname])
+        else:
+            self._materialize(st, a, b, wname)
+
+    def _ghost(self, st: PassState, a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> None:
+        t = a.shape[1]
+        step = max(1, self.ctx.chunk_bytes // (8 * t * max(t, b.shape[2])))
         acc = st.acc_for(self.group, a.device)
-        v = None if st.dim is not None else self.engine.ref[wname]
-        for s in range(0, n, step):
-            sl = slice(s, min(n, s + step))
+        vt = (v if self.transposed else v.t()).to(a.dtype)  # (d_in, d_out)
+        for s in range(0, st.n, step):
+            sl = slice(s, min(st.n, s + step))
             ac, bc = a[sl], b[sl]
-            if not ghost:
-                g = torch.bmm(ac.transpose(1, 2), bc) if self.transposed else torch.bmm(
-                    bc.transpose(1, 2), ac)
-                self.add(st, sl, wname, g)
-                continue
-            gram = torch.bmm(ac, ac.transpose(1, 2)).mul_(torch.bmm(bc, bc.transpose(1, 2)))
-            acc.sq[sl] += gram.sum((1, 2)).double()
-            av = ac @ v if self.transposed else ac @ v.t()
-            acc.inner[sl] += (av * bc).sum((1, 2)).double()
+            gram = _bmm32(ac, ac.transpose(1, 2)).mul_(_bmm32(bc, bc.transpose(1, 2)))
+            acc.sq[sl] += rowsum(gram)
+            av = _mm32(ac.reshape(-1, ac.shape[2]), vt).reshape(bc.shape)
+            acc.inner[sl] += rowsum(av.mul_(bc))
+
+    def _materialize(self, st: PassState, a: torch.Tensor, b: torch.Tensor, wname: str) -> None:
+        """G_i by one batched GEMM per chunk of samples (at least one sample, else at most
+        `chunk_bytes` of G), each chunk reduced against V (or projected) at once. Few large ops
+        on purpose: on a shared CPU every op's thread barrier waits for descheduled threads, so
+        cache-sized blocks (many small GEMMs) measured slower than whole-sample ones."""
+        rows, cols = (a.shape[2], b.shape[2]) if self.transposed else (b.shape[2], a.shape[2])
+        step = max(1, self.ctx.chunk_bytes // (4 * rows * cols))
+        for s in range(0, st.n, step):
+            sl = slice(s, min(st.n, s + step))
+            ac, bc = a[sl], b[sl]
+            g = _bmm32(ac.transpose(1, 2), bc) if self.transposed else _bmm32(
+                bc.transpose(1, 2), ac)
+            self.add(st, sl, wname, g)
 
 
-class _Conv1DHandler(_LinearHandler):
+class Conv1DHandler(LinearHandler):
     transposed = True
 
 
-class _EmbeddingHandler(_Handler):
-    """nn.Embedding without max_norm / scale_grad_by_freq; optionally tied to a Linear."""
+class EmbeddingHandler(Handler):
+    """nn.Embedding without max_norm / scale_grad_by_freq; optionally tied to a Linear (the
+    head), whose handler must run first in the backward and leave its rows at our ids."""
 
-    tied_group: bool = False
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.tied = False
 
-    def save(self, st: _Pass, x: torch.Tensor):
+    def save(self, st: PassState, x: torch.Tensor):
         ids = x.reshape(st.n, -1)
         st.ids[id(self)] = ids
         return ids
 
-    def backward(self, st: _Pass, ids: torch.Tensor, e: torch.Tensor) -> None:
+    def backward(self, st: PassState, ids: torch.Tensor, e: torch.Tensor) -> None:
         n, name = st.n, self.attrs["weight"]
         w: nn.Embedding = self.module
         e = e.reshape(n, ids.shape[1], -1).float()
@@ -180,45 +267,48 @@ class _EmbeddingHandler(_Handler):
             e = e * (ids != w.padding_idx).unsqueeze(-1)
         acc = st.acc_for(self.group, e.device)
         if st.dim is not None:
-            acc.proj += self.engine.sketch.project_rows(name, self.engine.params[name], ids, e)
+            acc.proj += self.ctx.sketch.project_rows(name, self.ctx.params[name], ids, e)
             return
-        v = self.engine.ref[name]
-        acc.inner += (e * v[ids]).sum((1, 2)).double()
+        v = self.ctx.ref[name]
+        acc.inner += rowsum(e * v[ids])
         key = ids + torch.arange(n, device=ids.device).unsqueeze(1) * w.num_embeddings
         uniq, inv = torch.unique(key.reshape(-1), return_inverse=True)
         rows = torch.zeros(uniq.numel(), e.shape[-1], device=e.device)
         rows.index_add_(0, inv, e.reshape(-1, e.shape[-1]))
         sq = torch.zeros(n, dtype=torch.float64, device=e.device)
-        acc.sq += sq.index_add_(0, uniq // w.num_embeddings, rows.pow(2).sum(1).double())
-        if self.tied_group:
+        acc.sq += sq.index_add_(0, uniq // w.num_embeddings, rowsum(rows.pow(2)))
+        if self.tied:
             m = st.tied_rows.pop(self.group, None)
-            if m is None:  # lm_head backward did not run first: be exact via the fallback
+            if m is None:  # the head's backward did not run first: be exact via the fallback
                 st.declined.add(self.group)
                 return
-            acc.sq += 2.0 * (m * e).sum((1, 2)).double()
-        self.engine.paths.setdefault(self.name, set()).add("sparse-rows")
+            acc.sq += 2.0 * rowsum(m * e)
+        self.ctx.record(self.name, "sparse-rows")
 
 
-class _VmapHandler(_Handler):
-    """Any module called as `module(x)`: per-sample VJP of its own forward w.r.t. its params."""
+class ModuleHandler(Handler):
+    """Any module called as `module(x)`: a closed form for LayerNorm / RMSNorm (verified against
+    the module's own forward), else the per-sample VJP of its forward w.r.t. its params."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.fast: str | None = None  # "layernorm" / "rms" / "" once verified
 
     def accepts(self, args: tuple, kwargs: dict) -> bool:
         return len(args) == 1 and not kwargs
 
-    fast: str | None = None  # "layernorm" / "rms" once verified against the module's forward
-
-    def backward(self, st: _Pass, x: torch.Tensor, b: torch.Tensor) -> None:
+    def backward(self, st: PassState, x: torch.Tensor, b: torch.Tensor) -> None:
         if self.fast is None:
             self.fast = self._verify_fast(x)
-        if self.fast:
-            xhat = self._xhat(x)
-            lead = tuple(range(1, b.dim() - 1))
-            for attr, name in self.attrs.items():
-                g = b.float() * xhat if attr == "weight" else b.float()
-                self.add(st, slice(None), name, g.sum(lead) if lead else g)
-            self.engine.paths.setdefault(self.name, set()).add("norm-closed-form")
+        if not self.fast:
+            self._vmap_backward(st, x, b)
             return
-        self._vmap_backward(st, x, b)
+        xhat = self._xhat(x)
+        lead = tuple(range(1, b.dim() - 1))
+        for attr, name in self.attrs.items():
+            g = b.float() * xhat if attr == "weight" else b.float()
+            self.add(st, slice(None), name, g.sum(lead) if lead else g)
+        self.ctx.record(self.name, "norm-closed-form")
 
     def _kind(self) -> str:
         mod, attrs = self.module, set(dict(self.module.named_parameters(recurse=False)))
@@ -244,17 +334,14 @@ class _VmapHandler(_Handler):
         if not self.fast:
             return ""
         mod = self.module
-        self.engine.recomputing = True
-        try:
+        with self.ctx.recompute():
             y = mod(x[:1]).float()
-        finally:
-            self.engine.recomputing = False
         pred = mod.weight.detach().float() * self._xhat(x[:1])
         if getattr(mod, "bias", None) is not None:
             pred = pred + mod.bias.detach().float()
         return self.fast if torch.allclose(y, pred, rtol=1e-5, atol=1e-6) else ""
 
-    def _vmap_backward(self, st: _Pass, x: torch.Tensor, b: torch.Tensor) -> None:
+    def _vmap_backward(self, st: PassState, x: torch.Tensor, b: torch.Tensor) -> None:
         mod = self.module
         params = {k: p.detach() for k, p in mod.named_parameters(recurse=False)}
         sel = {k: params[k] for k in self.attrs}
@@ -268,20 +355,90 @@ class _VmapHandler(_Handler):
             return pull(b1.to(out.dtype))[0]
 
         size = sum(p.numel() for p in sel.values()) * 4 + x[0].numel() * 16
-        step = max(1, self.engine.chunk_bytes // max(size, 1))
+        step = max(1, self.ctx.chunk_bytes // max(size, 1))
         for s in range(0, st.n, step):
             sl = slice(s, min(st.n, s + step))
-            self.engine.recomputing = True
-            try:
+            with self.ctx.recompute():
                 grads = vmap(one)(x[sl], b[sl])
-            finally:
-                self.engine.recomputing = False
             for attr, g in grads.items():
                 self.add(st, sl, self.attrs[attr], g)
-        self.engine.paths.setdefault(self.name, set()).add("vmap")
+        self.ctx.record(self.name, "vmap")
+
+
+def make_handler(ctx: HandlerContext, name: str, module: nn.Module, attrs: dict[str, str],
+                 group: int) -> Handler:
+    """The handler for a module whose direct parameters `attrs` (attr -> name) are selected."""
+    if isinstance(module, nn.Embedding) and set(attrs) == {"weight"} \
+            and module.max_norm is None and not module.scale_grad_by_freq:
+        return EmbeddingHandler(ctx, name, module, attrs, group)
+    if type(module) is nn.Linear:
+        return LinearHandler(ctx, name, module, attrs, group)
+    if Conv1D and isinstance(module, Conv1D):
+        return Conv1DHandler(ctx, name, module, attrs, group)
+    return ModuleHandler(ctx, name, module, attrs, group)
+
+
+def tie(head: Handler, embedding: Handler) -> bool:
+    """Link a Linear head and an Embedding sharing one weight; False if the pair is unusual."""
+    if not (isinstance(head, LinearHandler) and isinstance(embedding, EmbeddingHandler)):
+        return False
+    head.tied_with, embedding.tied = id(embedding), True
+    return True
+
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def _bmm32(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`bmm(x, y)` as float32. Low-precision operands are multiplied in their dtype with
+    float32 accumulation: on CUDA with a float32 result (`out_dtype`); on other devices, which
+    lack that overload, the result is rounded to the operand dtype and widened."""
+    if x.dtype not in LOW_PRECISION:
+        return torch.bmm(x, y)
+    if x.is_cuda:  # GPU only: bf16 tensor cores, float32 output
+        return torch.bmm(x, y, out_dtype=torch.float32)
+    return torch.bmm(x, y).float()
+
+
+def _mm32(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """`mm(x, y)` as float32, like `_bmm32`."""
+    if x.dtype not in LOW_PRECISION:
+        return torch.mm(x, y)
+    if x.is_cuda:  # GPU only
+        return torch.mm(x, y, out_dtype=torch.float32)
+    return torch.mm(x, y).float()
 
 
 def _rowsq(flat: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm of each row of (c, m), float64 (c,). One vectorized call: under CPU
-    oversubscription many small BLAS calls (a dot per row) are much slower."""
-    return torch.linalg.vector_norm(flat, dim=1).double().square()
+    """Squared L2 norm of each row of (c, m), float64 (c,), by `rowsum` (under CPU
+    oversubscription many small calls are much slower; `vector_norm` is inaccurate)."""
+    return rowsum(flat.square())
+
+
+ROW_BLOCK = 4096
+"""Elements per block of `rowsum`'s first stage (below torch's parallel grain, 32768)."""
+
+
+def rowsum(x: torch.Tensor) -> torch.Tensor:
+    """Sum of each row of `x` (c, ...) as float64 (c,), bitwise independent of the thread count
+    and of which other rows are in `x`.
+
+    A plain `x.sum(1)` is not: on CPU, a reduction to a single output (one row, e.g. a chunk of
+    one sample) above torch's grain size is split over the threads and the per-thread partial
+    sums are combined, so 1 and 2 threads give results ~1e-8 apart (a Ray actor and the driver
+    then disagree). Here each row is cut into blocks of `ROW_BLOCK` contiguous elements, each
+    block summed in float32 on its own (many outputs: torch parallelizes over outputs, every
+    output reduced serially), then the blocks are summed in float64 (at most m / ROW_BLOCK + 1
+    per row, serial or parallel over rows). Accuracy: pairwise within a block, float64 across.
+    """
+    c = x.shape[0]
+    x = x.reshape(c, -1)
+    m, acc = x.shape[1], torch.float64 if x.dtype == torch.float64 else torch.float32
+    k = m // ROW_BLOCK
+    parts = [x[:, :k * ROW_BLOCK].reshape(c, k, ROW_BLOCK).sum(2, dtype=acc)] if k else []
+    if m > k * ROW_BLOCK or not parts:
+        parts.append(x[:, k * ROW_BLOCK:].sum(1, keepdim=True, dtype=acc))
+    blocks = torch.cat(parts, 1).double() if len(parts) > 1 else parts[0].double()
+    if c == 1 and blocks.shape[1] > ROW_BLOCK:  # keep the second stage serial as well
+        return rowsum(blocks)
+    return blocks.sum(1)

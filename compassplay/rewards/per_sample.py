@@ -24,29 +24,22 @@ Results accumulate in float64 per sample; per-layer math is float32.
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
 from .batch import Batch, batch_losses
-from .handlers import (
-    Conv1D,
-    _Acc,
-    _Conv1DHandler,
-    _EmbeddingHandler,
-    _Handler,
-    _LinearHandler,
-    _Pass,
-    _VmapHandler,
-)
+from .handlers import Accum, Handler, HandlerContext, PassState, make_handler, tie
 from .subspace import CountSketch
 
 
 class PerSampleEngine:
     """Classifies the selected parameters by owning module and runs batched passes.
 
-    `ref`: reference gradient per parameter name (exact mode); `sketch`: projection mode.
-    `path`: "auto" (cheaper per layer), "ghost" or "materialize" for Linear/Conv1D layers.
-    `chunk_bytes`: bound on the per-layer per-sample temporaries of one sample chunk.
+    `sketch`: projection mode (else exact mode against `set_reference`'s gradient).
+    `path`: "auto" (the cost model's cheaper path per layer), "ghost" or "materialize" for
+    Linear/Conv1D layers. `chunk_bytes`: bound on the per-layer per-sample temporaries.
     """
 
     def __init__(self, model: nn.Module, params: dict[str, nn.Parameter],
@@ -54,14 +47,25 @@ class PerSampleEngine:
                  chunk_bytes: int = 64 << 20) -> None:
         if path not in ("auto", "ghost", "materialize"):
             raise ValueError(f"path must be auto, ghost or materialize, got {path!r}")
-        self.model, self.params, self.sketch, self.path = model, params, sketch, path
-        self.chunk_bytes = chunk_bytes
-        self.recomputing = False
-        self.ref: dict[str, torch.Tensor] = {}
-        self.paths: dict[str, set[str]] = {}
-        self.handlers: list[_Handler] = []
+        self.model, self.params = model, params
+        self.ctx = HandlerContext(params, sketch, path, chunk_bytes)
+        self.handlers: list[Handler] = []
         self.fallback: set[str] = set()
         self._classify()
+
+    def set_reference(self, grads: dict[str, torch.Tensor]) -> None:
+        """The reference gradient per parameter name (exact mode)."""
+        self.ctx.ref = grads
+
+    @property
+    def paths(self) -> dict[str, set[str]]:
+        """Per module name, the paths its handler took so far."""
+        return self.ctx.paths
+
+    @property
+    def decisions(self) -> dict[str, dict]:
+        """Per Linear/Conv1D module, the cost model's last decision (see `cost.LinearCost`)."""
+        return self.ctx.decisions
 
     def _classify(self) -> None:
         name_of = {id(p): n for n, p in self.params.items()}
@@ -88,34 +92,23 @@ class PerSampleEngine:
         for emb, lin in tied.values():
             groups[id(emb)] = groups[id(lin)] = len(groups) + 1000
         for i, (mname, mod, attrs) in enumerate(per_module.values()):
-            group = groups.get(id(mod), i)
-            if isinstance(mod, nn.Embedding) and set(attrs) == {"weight"} \
-                    and mod.max_norm is None and not mod.scale_grad_by_freq:
-                h: _Handler = _EmbeddingHandler(self, mname, mod, attrs, group)
-                h.tied_group = id(mod) in groups
-            elif type(mod) is nn.Linear:
-                h = _LinearHandler(self, mname, mod, attrs, group)
-            elif Conv1D and isinstance(mod, Conv1D):
-                h = _Conv1DHandler(self, mname, mod, attrs, group)
-            else:
-                h = _VmapHandler(self, mname, mod, attrs, group)
-            self.handlers.append(h)
+            self.handlers.append(make_handler(self.ctx, mname, mod, attrs,
+                                              groups.get(id(mod), i)))
         by_mod = {id(h.module): h for h in self.handlers}
         for emb, lin in tied.values():
-            if id(emb) in by_mod and isinstance(by_mod[id(emb)], _EmbeddingHandler):
-                by_mod[id(lin)].tied_with = id(by_mod[id(emb)])
-            else:  # unusual tie: keep exact through the fallback
-                for m in (emb, lin):
-                    h = by_mod.pop(id(m), None)
-                    if h is not None:
-                        self.handlers.remove(h)
-                        self.fallback.update(h.attrs.values())
+            if id(emb) in by_mod and id(lin) in by_mod and tie(by_mod[id(lin)], by_mod[id(emb)]):
+                continue
+            for m in (emb, lin):  # unusual tie: keep exact through the fallback
+                h = by_mod.pop(id(m), None)
+                if h is not None:
+                    self.handlers.remove(h)
+                    self.fallback.update(h.attrs.values())
 
-    def run(self, batch: Batch) -> tuple[_Acc, set[str]]:
+    def run(self, batch: Batch) -> tuple[Accum, set[str]]:
         """One batched pass. Returns summed per-sample partials and the parameter names the
         hooks declined this time (to be computed by the exact per-candidate fallback)."""
         dev = batch.ids.device
-        st = _Pass(n=batch.size, dim=None if self.sketch is None else self.sketch.dim)
+        st = PassState(n=batch.size, dim=None if self.ctx.sketch is None else self.ctx.sketch.dim)
         z = torch.zeros((), device=dev, requires_grad=True)
         hooks = [h.module.register_forward_hook(
             lambda m, args, kwargs, out, h=h: h.on_forward(st, z, args, kwargs, out),
@@ -124,11 +117,18 @@ class PerSampleEngine:
         if emb is not None and not any(h.module is emb for h in self.handlers):
             hooks.append(emb.register_forward_hook(
                 lambda m, args, out: out + z if isinstance(out, torch.Tensor) else None))
+        timings = self.ctx.timings
         try:
             with torch.enable_grad():
+                t0 = time.perf_counter()
                 total = batch_losses(self.model, batch).sum()
+                t1 = time.perf_counter()
                 if total.requires_grad:
                     torch.autograd.grad(total, [z], allow_unused=True)
+                if timings is not None:
+                    timings["forward"] = timings.get("forward", 0.0) + t1 - t0
+                    timings["backward"] = timings.get("backward", 0.0) + (
+                        time.perf_counter() - t1)
         finally:
             for hk in hooks:
                 hk.remove()
@@ -136,14 +136,10 @@ class PerSampleEngine:
         # may still be non-zero through a path we did not request): stay exact via the loop.
         st.declined.update(h.group for h in self.handlers if id(h) in st.pending)
         declined = {n for h in self.handlers if h.group in st.declined for n in h.attrs.values()}
-        out = st.acc_for(-1, dev)
+        out = Accum.zeros(st.n, st.dim, dev)
         for group, acc in st.acc.items():
-            if group in st.declined or group == -1:
-                continue
-            out.inner += acc.inner
-            out.sq += acc.sq
-            if out.proj is not None:
-                out.proj += acc.proj
+            if group not in st.declined:
+                out.add_(acc)
         return out, declined
 
 

@@ -34,3 +34,20 @@ def test_spearman():
     assert abs(bench.spearman([1, 2, 3], [3, 2, 1]) + 1.0) < 1e-12
     assert abs(bench.spearman([1, 1, 2], [1, 1, 2]) - 1.0) < 1e-12
     assert abs(bench.spearman([1, 2, 3, 4], [1, 3, 2, 4]) - 0.8) < 1e-12
+
+
+@pytest.mark.slow
+def test_bench_real_shape_truncated():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--shape", "smollm2-135m", "--layers", "1", "--candidates", "2",
+                              "--prompt-tokens", "3", "--target-tokens", "5", "--reps", "1",
+                              "--n-ref", "1", "--profile", "--no-subspaces", "--memory",
+                              "profiler"])
+    out = bench.run(args)
+    assert out["shape"] == "smollm2-135m" and out["layers"] == 1 and out["n_candidates"] == 2
+    assert out["tokens_per_candidate"] == [8, 8] and out["max_abs_cos_err"] <= 1e-4
+    assert out["cost_model"]["lm_head"]["d_out"] == 49152
+    assert "sparse-rows" in out["layer_paths"] and out["mem_ratio"] > 0
+    assert "lm_head" in out["profile"]["hooks_by_kind"]
+    json.dumps(out)

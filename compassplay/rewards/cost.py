@@ -1,0 +1,76 @@
+"""Cost model of a linear layer's per-sample partials: ghost vs materialized.
+
+For a linear layer with input `a` (T, d_in) and output gradient `b` (T, d_out) per sample, the
+per-sample weight gradient is `G = b^T a` (d_out, d_in). Both paths need `<G, V>` and `||G||^2`:
+
+* materialize: `G` by one GEMM (2 T d_in d_out flops), then `<G, V>` and `||G||^2` from `G`
+  (4 d_in d_out flops; `G` is written and read back twice, `V` read once: 16 d_in d_out bytes);
+* ghost: `||G||^2 = sum_{t,t'} (a_t.a_t')(b_t.b_t')` from two Gram matrices (2 T^2 (d_in+d_out)
+  flops) and `<G, V> = sum_t b_t . (V a_t)` (2 T d_in d_out flops); temporaries are T x T and
+  T x d_out, never d_in x d_out.
+
+Either way the arithmetic is at least one weight-sized product per token (the inner product),
+the same as the weight gradient of one plain backward; ghost pays T^2 (d_in+d_out) more for the
+norm, materialize pays 2 d_in d_out plus the traffic of G. The cheaper (flops plus
+`FLOPS_PER_BYTE` times bytes) is chosen per layer and sequence length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+FLOPS_PER_BYTE = 1.0
+"""How many flops one byte of memory traffic is worth in the comparison. 1.0 is conservative
+for CPUs and GPUs alike (both do far more than one flop per byte of DRAM bandwidth; the
+per-sample temporaries are partly cache-resident): it only tips near-ties."""
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Per-call cost of one linear layer's partials for `n` samples of `t` tokens."""
+
+    n: int
+    t: int
+    d_in: int
+    d_out: int
+
+    @property
+    def materialize_flops(self) -> int:
+        return self.n * (2 * self.t * self.d_in * self.d_out + 4 * self.d_in * self.d_out)
+
+    @property
+    def materialize_bytes(self) -> int:
+        return self.n * 16 * self.d_in * self.d_out
+
+    @property
+    def ghost_flops(self) -> int:
+        t = self.t
+        return self.n * (2 * t * t * (self.d_in + self.d_out) + 2 * t * self.d_in * self.d_out
+                         + 2 * t * t)
+
+    @property
+    def ghost_bytes(self) -> int:
+        t = self.t
+        return self.n * 4 * (3 * t * t + 2 * t * self.d_out + 2 * t * self.d_in)
+
+    def cost(self, path: str) -> float:
+        if path == "ghost":
+            return self.ghost_flops + FLOPS_PER_BYTE * self.ghost_bytes
+        return self.materialize_flops + FLOPS_PER_BYTE * self.materialize_bytes
+
+    def choose(self, forced: str = "auto") -> str:
+        """"ghost" or "materialize": `forced` unless "auto", else the cheaper."""
+        if forced in ("ghost", "materialize"):
+            return forced
+        return "ghost" if self.cost("ghost") < self.cost("materialize") else "materialize"
+
+    def report(self, path: str) -> dict:
+        """JSON-ready: the inputs, both paths' flops and bytes, and the path taken."""
+        return {**asdict(self), "path": path,
+                "ghost_gflop": round(self.ghost_flops / 1e9, 3),
+                "ghost_mb": round(self.ghost_bytes / 2**20, 1),
+                "materialize_gflop": round(self.materialize_flops / 1e9, 3),
+                "materialize_mb": round(self.materialize_bytes / 2**20, 1)}
+
+    def flops(self, path: str) -> int:
+        return self.ghost_flops if path == "ghost" else self.materialize_flops
