@@ -38,11 +38,11 @@ import gc
 import json
 import statistics
 import time
-from collections.abc import Callable
 
 import torch
 
 from compassplay.bench import model_shapes
+from compassplay.bench.memory import peak_alloc_mb, peak_rss, reset_peak_rss, sync
 from compassplay.bench.model_shapes import SHAPE_NAMES
 from compassplay.rewards.batch import (
     Example,
@@ -152,30 +152,6 @@ def floor_step(model: torch.nn.Module, cands: list[Example],
                                                                                strict=True)]
 
 
-def peak_alloc_mb(fn: Callable[[], object], device: torch.device | None = None) -> float:
-    """Peak (MiB) of torch tensor bytes allocated and still live during `fn`. CPU: from the
-    profiler's memory events (per-op net allocations and frees, in time order); CUDA: the
-    allocator's peak minus what was allocated before."""
-    if device is not None and device.type == "cuda":
-        torch.cuda.synchronize(device)
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return round((torch.cuda.max_memory_allocated(device) - base) / 2**20, 1)
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.time_range.start, e.self_cpu_memory_usage) for e in prof.events()
-                    if e.self_cpu_memory_usage)
-    cur = best = 0
-    for _, delta in events:
-        cur += delta
-        best = max(best, cur)
-    return round(best / 2**20, 1)
-
-
 def spearman(x: list[float], y: list[float]) -> float:
     """Spearman rank correlation (average ranks for ties)."""
     def ranks(v: list[float]) -> torch.Tensor:
@@ -212,30 +188,6 @@ def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, list[Example], li
     cands = fixed_examples(args.n_candidates, args.prompt_tokens, args.target_tokens, vocab, gen)
     ref = fixed_examples(args.n_ref, args.prompt_tokens, args.target_tokens, vocab, gen)
     return model, cands, ref
-
-
-def _rss(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def _reset_peak_rss() -> int:
-    """Reset the kernel's peak-RSS mark (Linux) and return the current RSS in bytes."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _rss("VmRSS")
-
-
-def _peak_rss() -> int:
-    return _rss("VmHWM")
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -283,16 +235,16 @@ def run(args: argparse.Namespace) -> dict:
     for r in range(reps):
         for k in keys[r % 3:] + keys[: r % 3]:
             profiled = args.profile and k == "batched" and r == reps - 1
-            _sync(dev)
-            base = _reset_peak_rss() if memory == "rss" else 0
+            sync(dev)
+            base = reset_peak_rss() if memory == "rss" else 0
             t0, c0 = time.perf_counter(), time.process_time()
             with scorer.profiling() if profiled else contextlib.nullcontext({}) as p:
                 last[k] = fns[k]()
-            _sync(dev)
+            sync(dev)
             times[k].append(time.perf_counter() - t0)
             cpu[k].append(time.process_time() - c0)
             if memory == "rss":
-                mem[k] = max(mem[k] or 0.0, round((_peak_rss() - base) / 2**20, 1))
+                mem[k] = max(mem[k] or 0.0, round((peak_rss() - base) / 2**20, 1))
             prof = p or prof
     med = {k: statistics.median(v) for k, v in times.items()}
     cmed = {k: statistics.median(v) for k, v in cpu.items()}

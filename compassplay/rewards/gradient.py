@@ -23,9 +23,9 @@ from torch import nn
 
 from .batch import Example, batch_losses, make_batch, plan_batches, scoring_mode
 from .functions import safe_cosine
-from .handlers import rowsum
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine
+from .reductions import rowsum
 from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
 
 __all__ = ["AlignmentScore", "Example", "GradientScorer", "ProjectionSpec", "StaleReferenceError"]

@@ -22,6 +22,7 @@ from torch import nn
 from torch.func import functional_call, vjp, vmap
 
 from .cost import LinearCost
+from .reductions import LOW_PRECISION, bmm32, mm32, rowsq, rowsum
 from .subspace import CountSketch
 
 try:  # GPT-2's transposed linear layer
@@ -174,7 +175,7 @@ class Handler(ABC):
         # Elementwise products reduced by `sum` (a cascade sum: ~1e-8 relative over 28M terms),
         # not `mv` / `vector_norm`, which measured 1e-4 / 3e-3 relative error at that size.
         acc.inner[sl] += rowsum(flat * self.ctx.ref[name].reshape(1, -1))
-        acc.sq[sl] += _rowsq(flat)
+        acc.sq[sl] += rowsq(flat)
 
 
 class LinearHandler(Handler):
@@ -189,7 +190,7 @@ class LinearHandler(Handler):
     def backward(self, st: PassState, a: torch.Tensor, b: torch.Tensor) -> None:
         n = st.n
         # Products in the model's dtype (bf16/fp16: the tensor-core rate the floor runs at)
-        # with float32 accumulation and float32 results (`_bmm32`); float32 models stay float32.
+        # with float32 accumulation and float32 results (`bmm32`); float32 models stay float32.
         cd = a.dtype if a.dtype in LOW_PRECISION else torch.float32
         a = a.reshape(n, -1, a.shape[-1]).to(cd)
         b = b.reshape(n, -1, b.shape[-1]).to(cd)
@@ -204,7 +205,7 @@ class LinearHandler(Handler):
                 st.declined.add(self.group)
                 return
             g = b.gather(2, ids.unsqueeze(1).expand(n, b.shape[1], ids.shape[1]))
-            st.tied_rows[self.group] = _bmm32(g.transpose(1, 2), a)  # (N, S_e, d_in)
+            st.tied_rows[self.group] = bmm32(g.transpose(1, 2), a)  # (N, S_e, d_in)
         cost = LinearCost(n, a.shape[1], a.shape[2], b.shape[2])
         path = "materialize" if st.dim is not None else cost.choose(self.ctx.path)
         self.ctx.record(self.name, path, cost.report(path))
@@ -222,9 +223,9 @@ class LinearHandler(Handler):
         for s in range(0, st.n, step):
             sl = slice(s, min(st.n, s + step))
             ac, bc = a[sl], b[sl]
-            gram = _bmm32(ac, ac.transpose(1, 2)).mul_(_bmm32(bc, bc.transpose(1, 2)))
+            gram = bmm32(ac, ac.transpose(1, 2)).mul_(bmm32(bc, bc.transpose(1, 2)))
             acc.sq[sl] += rowsum(gram)
-            av = _mm32(ac.reshape(-1, ac.shape[2]), vt).reshape(bc.shape)
+            av = mm32(ac.reshape(-1, ac.shape[2]), vt).reshape(bc.shape)
             acc.inner[sl] += rowsum(av.mul_(bc))
 
     def _materialize(self, st: PassState, a: torch.Tensor, b: torch.Tensor, wname: str) -> None:
@@ -237,7 +238,7 @@ class LinearHandler(Handler):
         for s in range(0, st.n, step):
             sl = slice(s, min(st.n, s + step))
             ac, bc = a[sl], b[sl]
-            g = _bmm32(ac.transpose(1, 2), bc) if self.transposed else _bmm32(
+            g = bmm32(ac.transpose(1, 2), bc) if self.transposed else bmm32(
                 bc.transpose(1, 2), ac)
             self.add(st, sl, wname, g)
 
@@ -384,61 +385,3 @@ def tie(head: Handler, embedding: Handler) -> bool:
         return False
     head.tied_with, embedding.tied = id(embedding), True
     return True
-
-
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
-def _bmm32(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """`bmm(x, y)` as float32. Low-precision operands are multiplied in their dtype with
-    float32 accumulation: on CUDA with a float32 result (`out_dtype`); on other devices, which
-    lack that overload, the result is rounded to the operand dtype and widened."""
-    if x.dtype not in LOW_PRECISION:
-        return torch.bmm(x, y)
-    if x.is_cuda:  # GPU only: bf16 tensor cores, float32 output
-        return torch.bmm(x, y, out_dtype=torch.float32)
-    return torch.bmm(x, y).float()
-
-
-def _mm32(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """`mm(x, y)` as float32, like `_bmm32`."""
-    if x.dtype not in LOW_PRECISION:
-        return torch.mm(x, y)
-    if x.is_cuda:  # GPU only
-        return torch.mm(x, y, out_dtype=torch.float32)
-    return torch.mm(x, y).float()
-
-
-def _rowsq(flat: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm of each row of (c, m), float64 (c,), by `rowsum` (under CPU
-    oversubscription many small calls are much slower; `vector_norm` is inaccurate)."""
-    return rowsum(flat.square())
-
-
-ROW_BLOCK = 4096
-"""Elements per block of `rowsum`'s first stage (below torch's parallel grain, 32768)."""
-
-
-def rowsum(x: torch.Tensor) -> torch.Tensor:
-    """Sum of each row of `x` (c, ...) as float64 (c,), bitwise independent of the thread count
-    and of which other rows are in `x`.
-
-    A plain `x.sum(1)` is not: on CPU, a reduction to a single output (one row, e.g. a chunk of
-    one sample) above torch's grain size is split over the threads and the per-thread partial
-    sums are combined, so 1 and 2 threads give results ~1e-8 apart (a Ray actor and the driver
-    then disagree). Here each row is cut into blocks of `ROW_BLOCK` contiguous elements, each
-    block summed in float32 on its own (many outputs: torch parallelizes over outputs, every
-    output reduced serially), then the blocks are summed in float64 (at most m / ROW_BLOCK + 1
-    per row, serial or parallel over rows). Accuracy: pairwise within a block, float64 across.
-    """
-    c = x.shape[0]
-    x = x.reshape(c, -1)
-    m, acc = x.shape[1], torch.float64 if x.dtype == torch.float64 else torch.float32
-    k = m // ROW_BLOCK
-    parts = [x[:, :k * ROW_BLOCK].reshape(c, k, ROW_BLOCK).sum(2, dtype=acc)] if k else []
-    if m > k * ROW_BLOCK or not parts:
-        parts.append(x[:, k * ROW_BLOCK:].sum(1, keepdim=True, dtype=acc))
-    blocks = torch.cat(parts, 1).double() if len(parts) > 1 else parts[0].double()
-    if c == 1 and blocks.shape[1] > ROW_BLOCK:  # keep the second stage serial as well
-        return rowsum(blocks)
-    return blocks.sum(1)

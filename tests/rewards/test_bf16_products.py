@@ -9,16 +9,16 @@ import torch
 
 from compassplay.bench import model_shapes
 from compassplay.rewards.gradient import Example, GradientScorer
-from compassplay.rewards.handlers import _bmm32, _mm32
 from compassplay.rewards.oracle import naive_partials
+from compassplay.rewards.reductions import bmm32, mm32
 
 
 def test_products_widen_to_float32():
     x = torch.randn(2, 3, 4, dtype=torch.bfloat16)
     y = torch.randn(2, 4, 5, dtype=torch.bfloat16)
-    assert _bmm32(x, y).dtype == torch.float32 and _mm32(x[0], y[0]).dtype == torch.float32
-    assert torch.allclose(_bmm32(x, y), torch.bmm(x.float(), y.float()), rtol=2e-2, atol=2e-2)
-    assert torch.equal(_bmm32(x.float(), y.float()), torch.bmm(x.float(), y.float()))
+    assert bmm32(x, y).dtype == torch.float32 and mm32(x[0], y[0]).dtype == torch.float32
+    assert torch.allclose(bmm32(x, y), torch.bmm(x.float(), y.float()), rtol=2e-2, atol=2e-2)
+    assert torch.equal(bmm32(x.float(), y.float()), torch.bmm(x.float(), y.float()))
 
 
 @pytest.mark.parametrize("path", ["ghost", "materialize"])

@@ -11,7 +11,7 @@ import torch
 
 from compassplay.bench import model_shapes
 from compassplay.rewards.gradient import Example, GradientScorer
-from compassplay.rewards.handlers import rowsum
+from compassplay.rewards.reductions import rowsum
 
 
 @contextlib.contextmanager
