@@ -6,6 +6,7 @@ the resource fails with a clear message (or falls back to local pools when confi
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,8 +33,12 @@ LEAN_REPL = 2  # what the test cluster advertises
 def ray_lean():
     """2 CPUs and lean_repl: 2; every worker (and this process) gets the scripted replies."""
     lean_script.install()
+    # The hook is imported by name in every worker before anything else: the workers need the
+    # repository on their path (pytest's rootdir is not on it when run as `python -m pytest`).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     ray.init(num_cpus=2, resources={"lean_repl": LEAN_REPL}, include_dashboard=False,
-             log_to_driver=False, runtime_env={"worker_process_setup_hook": lean_script.HOOK})
+             log_to_driver=False, runtime_env={"worker_process_setup_hook": lean_script.HOOK,
+                                               "env_vars": {"PYTHONPATH": path}})
     yield
     ray.shutdown()
     lean_script.uninstall()
