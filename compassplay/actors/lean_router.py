@@ -99,7 +99,15 @@ class LeanFleetActor:
             return refs, NO_PROBLEM
 
     def problem(self) -> Problem:
+        """What stops the fleet, after reaping what finished now: a caller whose batch just
+        failed sees the constructor failure behind it, not only after the next poll."""
         with self._lock:
+            try:
+                self.fleet.poll()
+                self._note()
+                self._watch()
+            except Exception:  # noqa: BLE001 -- the answer is still the last known problem
+                log.exception("Lean fleet poll failed")
             return self._problem
 
     def state(self) -> dict[str, Any]:
