@@ -108,6 +108,64 @@ def run_plan(args: argparse.Namespace) -> list[tuple[str, int, list[str]]]:
             for arm, extra in exp.arms.items() for seed in args.seeds]
 
 
+def rerun_command(args: argparse.Namespace) -> str:
+    """The command that reruns (or continues) this experiment."""
+    parts = ["compassplay experiment", args.name, "--out", str(args.out), "--seeds",
+             *map(str, args.seeds), "--steps", str(args.steps), "--eval-every",
+             str(args.eval_every)]
+    parts += ["--data-dir", args.data_dir] if args.data_dir else []
+    parts += ["--base", args.base] if args.base else []
+    parts += ["--set", *args.overrides] if args.overrides else []
+    return " ".join(parts)
+
+
+def _gap(arm: dict | None, base: dict | None) -> str:
+    """'arm - baseline = d (s.d. a / b): outside|within one s.d.' for {mean, sd} entries."""
+    if not arm or not base:
+        return "not logged"
+    d = arm["mean"] - base["mean"]
+    sds = [e.get("sd") for e in (arm, base)]
+    if all(v is None for v in sds):
+        return f"{arm['mean']:.4f} vs {base['mean']:.4f}: {d:+.4f} (one seed: no spread)"
+    spread = max(v or 0.0 for v in sds)
+    where = "outside" if abs(d) > spread else "within"
+    shown = " / ".join("-" if v is None else f"{v:.4f}" for v in sds)
+    return (f"{arm['mean']:.4f} vs {base['mean']:.4f}: {d:+.4f} (s.d. {shown}; {where} one "
+            "s.d.)")
+
+
+def findings(args: argparse.Namespace, exp: Experiment, record: dict, summary: dict,
+             planned: int) -> list[str]:
+    """The experiment's section of report.md: the question, how to rerun it, and each arm
+    against the baseline on every logged curve and held-out mean, as measured."""
+    ok = sum(r["status"] in ("ok", "kept") for r in record["runs"])
+    lines = ["", "## Experiment", "", f"Question: {exp.question}", "",
+             f"Rerun or continue: `{rerun_command(args)}` ({ok} of {planned} runs finished, "
+             f"{record['wall_s']:.0f} s this call; each run's command and wall time in "
+             "experiment.json).", ""]
+    base = summary.get("baseline")
+    if base is None:
+        return lines + ["No baseline run finished: no comparison.", ""]
+    lines += [f"Each arm against {base} (final-quarter means over seeds; a difference counts "
+              "only outside one s.d. across seeds):", ""]
+    curves = summary.get("curves", {})
+    held = {arm: _as_stat(row.get("Mean")) for dom in summary.get("tables", {}).values()
+            for arm, row in dom.items() if isinstance(row, dict)}
+    for arm in summary.get("arms", {}):
+        if arm == base:
+            continue
+        parts = [f"{k}: {_gap(curves.get(arm, {}).get(k), curves.get(base, {}).get(k))}"
+                 for k in curves.get(base, {})]
+        if held:
+            parts.append(f"held-out accuracy: {_gap(held.get(arm), held.get(base))}")
+        lines.append(f"- {arm}: " + "; ".join(parts))
+    return lines + [""]
+
+
+def _as_stat(entry: object) -> dict | None:
+    return entry if isinstance(entry, dict) and "mean" in entry else None
+
+
 def _run_one(base: str, overrides: list[str], log_path: Path, timeout_s: float) -> str:
     """One run in a subprocess, its output to `log_path`; 'ok', 'failed (exit N)', 'timeout'."""
     cmd = [sys.executable, "-m", "compassplay.cli", "run", "--executor", "local",
@@ -170,6 +228,9 @@ def run(args: argparse.Namespace) -> int:
     baseline = exp.baseline if any(r["arm"] == exp.baseline and r["dir"] in done
                                    for r in record["runs"]) else None
     report = build_report(done, out / "report", baseline)
+    summary = json.loads((out / "report" / "summary.json").read_text())
+    with report.open("a") as fh:
+        fh.write("\n".join(findings(args, exp, record, summary, len(plan))) + "\n")
     print(f"experiment {args.name}: {len(done)}/{len(plan)} runs, {record['wall_s']:.0f} s; "
           f"report: {report}")
     return 0 if len(done) == len(plan) else 1
