@@ -166,6 +166,15 @@ def _as_stat(entry: object) -> dict | None:
     return entry if isinstance(entry, dict) and "mean" in entry else None
 
 
+def _earlier_runs(path: Path) -> dict[tuple[str, int], dict]:
+    """(arm, seed) -> the run's entry in an earlier experiment.json ({} when there is none)."""
+    try:
+        runs = json.loads(path.read_text())["runs"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    return {(r["arm"], r["seed"]): r for r in runs if "arm" in r and "seed" in r}
+
+
 def _run_one(base: str, overrides: list[str], log_path: Path, timeout_s: float) -> str:
     """One run in a subprocess, its output to `log_path`; 'ok', 'failed (exit N)', 'timeout'."""
     cmd = [sys.executable, "-m", "compassplay.cli", "run", "--executor", "local",
@@ -198,13 +207,15 @@ def run(args: argparse.Namespace) -> int:
         return 0
     record: dict = {"experiment": args.name, "question": exp.question, "base": base,
                     "baseline": exp.baseline, "runs": []}
+    earlier = _earlier_runs(out / "experiment.json")  # kept runs keep their wall time
     t0 = time.time()
     for k, (arm, seed, overrides) in enumerate(plan, start=1):
         run_dir = out / "runs" / f"{arm}-seed{seed}"
         if (run_dir / "summary.json").is_file():
             log.info("[%d/%d] %s seed %d: done before, kept (%s)", k, len(plan), arm, seed,
                      run_dir)
-            record["runs"].append({"arm": arm, "seed": seed, "status": "kept",
+            before = earlier.get((arm, seed), {})
+            record["runs"].append({**before, "arm": arm, "seed": seed, "status": "kept",
                                    "dir": str(run_dir)})
             continue
         log_path = out / "logs" / f"{arm}-seed{seed}.log"

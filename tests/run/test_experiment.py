@@ -51,6 +51,7 @@ def test_experiment_runs_every_arm_reports_and_keeps_finished_runs(tmp_path):
     assert main(args) == 0  # a second call keeps the finished runs
     again = json.loads((out / "experiment.json").read_text())
     assert {r["status"] for r in again["runs"]} == {"kept"}
+    assert [r["wall_s"] for r in again["runs"]] == [r["wall_s"] for r in record["runs"]]
 
 
 def test_gap_says_whether_a_difference_is_outside_the_seed_spread():
