@@ -179,21 +179,27 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = _log) -> dict:
                  "torch": torch.__version__, "transformers": transformers.__version__,
                  "cuda": torch.version.cuda, "scorer": {}}
     t0 = time.perf_counter()
+
+    def save() -> None:  # after every part: a check cut off by a time limit keeps what it has
+        out["total_s"] = round(time.perf_counter() - t0, 1)
+        out["failed"] = failed_parts(out)
+        if args.out:
+            Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
     if "scorer" not in args.skip:
         for shape in args.shapes:
             out["scorer"][shape] = _part(f"scorer {shape}", lambda s=shape: scorer_part(args, s),
                                          dev, log)
+            save()
     keep: dict = {}
     if "generate" not in args.skip:
         out["generate"] = _part("generate", lambda: generate_part(args, dev, keep), dev, log)
+        save()
     if "learn" not in args.skip:
         out["learn"] = _part("learn", lambda: learn_part(args, dev, keep), dev, log)
     keep.clear()
     _free(dev)
-    out["total_s"] = round(time.perf_counter() - t0, 1)
-    out["failed"] = failed_parts(out)
-    if args.out:
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    save()
     return out
 
 
