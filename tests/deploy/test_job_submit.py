@@ -1,4 +1,5 @@
-"""`ray job submit` of a micro run to a real local Ray cluster started with `ray start --head`.
+"""`ray job submit` of a micro run to a real local Ray cluster started with `ray start --head`
+--num-cpus=2 (what a 2-core laptop offers: the micro config must fit it, not wait forever).
 
 This is what a user does against a real cluster (deploy/submit_job.sh), scaled down: the job's
 driver runs `compassplay run` inside the cluster and connects through RAY_ADDRESS.
@@ -97,7 +98,7 @@ def ray_cluster():
     gcs, dash, client, agent = _free_ports(4)
     temp_dir = tempfile.mkdtemp(prefix="cpjob", dir="/tmp")
     log = open(Path(temp_dir) / "ray_start.log", "w")  # closed in teardown
-    cmd = [str(RAY), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=4",
+    cmd = [str(RAY), "start", "--head", "--block", f"--port={gcs}", "--num-cpus=2",
            "--num-gpus=0", "--node-ip-address=127.0.0.1", "--include-dashboard=true",
            "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
            f"--ray-client-server-port={client}", f"--dashboard-agent-listen-port={agent}",

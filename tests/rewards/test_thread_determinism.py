@@ -1,6 +1,13 @@
-"""The scorer's result does not depend on the process: same inputs, bitwise same partials under
-1 and 2 torch threads (a Ray actor and the driver may run with different thread counts), and a
-candidate's partials do not depend on which candidates share its chunk."""
+"""The scorer's own reductions do not depend on the process, and its results depend on the
+thread count only through the model's autograd kernels.
+
+`rowsum` (the scorer's sums) is bitwise the same under 1 and 2 torch threads and for any batch
+composition. The model's forward/backward is not: on some CPUs (MKL with AVX-512, seen on the
+2-core CI machine) torch splits GEMM and reduction work by thread count, so the reference
+gradient itself differs in its last bits (relative ~4e-9). Hence: bitwise equal when repeated
+at one thread count (the executors give every worker `run.torch_threads`, which is why local and
+Ray runs agree exactly), and equal within float32 rounding across thread counts and chunkings.
+"""
 
 from __future__ import annotations
 
@@ -62,27 +69,33 @@ def _case():
     return model, [ex(20, 60), ex(30, 40)], [ex(10, 50), ex(40, 90), ex(5, 20), ex(33, 70)]
 
 
+def _partials(model, params, ref, cands, path: str, chunk: int):
+    sc = GradientScorer(model, params, path=path, chunk_bytes=chunk)
+    sc.set_reference(ref)
+    p = sc.partials(cands)
+    return sc.reference.sq, p.inner, p.sq, p.proj, [s.cosine for s in sc.score(cands)]
+
+
 @pytest.mark.parametrize("params", ["all", {"kind": "projection", "dim": 512, "seed": 3}])
-def test_scorer_bitwise_equal_on_1_and_2_threads(params):
+def test_scorer_repeats_bitwise_and_agrees_across_threads_and_chunks(params):
     model, ref, cands = _case()
-    out = {}
+    base = None
     for path in ("ghost", "materialize"):  # ("auto" takes one of the two per layer)
         # chunk_bytes=1: one sample per chunk (single-output reductions); default: all at once
         for chunk in (1, 64 << 20):
-            got = []
             for n in (1, 2):
                 with threads(n):
-                    sc = GradientScorer(model, params, path=path, chunk_bytes=chunk)
-                    sc.set_reference(ref)
-                    p = sc.partials(cands)
-                    got.append((sc.reference.sq, p.inner, p.sq, p.proj,
-                                [s.cosine for s in sc.score(cands)]))
-            (rs1, i1, s1, p1, c1), (rs2, i2, s2, p2, c2) = got
-            assert rs1 == rs2 and torch.equal(i1, i2) and torch.equal(s1, s2), (path, chunk)
-            assert (p1 is None and p2 is None) or torch.equal(p1, p2)
-            assert c1 == c2
-            out[(path, chunk)] = got[0]
-    # chunking does not change a candidate's partials either
-    for path in ("ghost", "materialize"):
-        a, b = out[(path, 1)], out[(path, 64 << 20)]
-        assert torch.equal(a[1], b[1]) and torch.equal(a[2], b[2]), path
+                    a = _partials(model, params, ref, cands, path, chunk)
+                    b = _partials(model, params, ref, cands, path, chunk)
+                assert a[0] == b[0] and torch.equal(a[1], b[1]) and torch.equal(a[2], b[2])
+                assert (a[3] is None and b[3] is None) or torch.equal(a[3], b[3])
+                assert a[4] == b[4], (path, chunk, n)
+                if base is None:
+                    base = a
+                    continue
+                # float32 rounding: inner products relative to |g| |g_ref|, norms relative
+                scale = (base[2] * base[0]).sqrt()
+                assert a[0] == pytest.approx(base[0], rel=1e-6)
+                assert torch.all((a[1] - base[1]).abs() <= 1e-5 * scale), (path, chunk, n)
+                assert torch.allclose(a[2], base[2], rtol=1e-5, atol=0), (path, chunk, n)
+                assert max(abs(x - y) for x, y in zip(a[4], base[4], strict=True)) < 1e-6

@@ -88,7 +88,11 @@ def test_lean_ray_run_equals_local_and_scales_the_fleet(tmp_path, ray_lean, stal
     assert counts["accepted"] > 0 and counts["sorry"] > 0 and counts["error"] > 0
     # the fleet: 0 actors at the start, 2 under load, per-step counts in metrics.jsonl
     raw = [json.loads(x) for x in (tmp_path / "ray/metrics.jsonl").read_text().splitlines()]
-    assert all(r["lean_actors_peak"] == 2 and 0 <= r["lean_actors"] <= 2 for r in raw)
+    assert all(0 <= r["lean_actors"] <= r["lean_actors_peak"] <= 2 for r in raw)
+    peaks = [r["lean_actors_peak"] for r in raw]
+    # one verifier sends each step's checks as one batch of >= 2: 2 actors every step; two
+    # verifiers send halves whose overlap in time depends on the machine's load
+    assert peaks == [2, 2, 2] if verifiers == 1 else max(peaks) == 2, peaks
     history = [json.loads(x) for x in
                (tmp_path / "ray/lean_fleet.jsonl").read_text().splitlines()]
     actors = [h["actors"] for h in history]
