@@ -1,4 +1,4 @@
-"""`compassplay bench gpu`: the GPU check, in one command on one GPU (about 5 minutes on an H200).
+"""`compassplay bench gpu`: the GPU check, in one command on one GPU (about 70 s of work on an H200).
 
 Needs torch, transformers and this package with its light dependencies (pydantic, PyYAML):
 no Ray, no vLLM, no DeepSpeed, no download (every model is a random init at a real shape).
