@@ -9,7 +9,10 @@ Parts, each reported in one JSON object (and `--out FILE`):
   of each, the path each layer took, and the cosine error against a float32 per-candidate
   oracle at the same weights;
 * generate: the HF engine (`engines.hf_generation`) sampling on the GPU at the 1.5B shape;
-* learn: one `PolicyLearner` step (torch backend, AdamW) on those samples at the 1.5B shape.
+* learn: one `PolicyLearner` step (torch backend, AdamW) on those samples at the 1.5B shape;
+* deepspeed (only where DeepSpeed is installed; `--skip deepspeed`): the same step through the
+  DeepSpeed backend as a world of one rank, ZeRO-3 and ZeRO-2 with the optimizer offloaded to
+  the CPU (DeepSpeedCPUAdam), then a checkpoint saved and loaded into a fresh learner.
 
     python -m compassplay.bench.gpu --json --out gpu_check.json
     python -m compassplay.bench.gpu --device cpu --shapes toy --seq-len 64   # the same code, CPU
@@ -24,6 +27,7 @@ import gc
 import json
 import platform
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -52,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shape of the generation and learner checks")
     parser.add_argument("--gen-batch", type=int, default=8)
     parser.add_argument("--gen-tokens", type=int, default=256)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["scorer", "generate", "learn"])
+    parser.add_argument("--skip", nargs="*", default=[],
+                        choices=["scorer", "generate", "learn", "deepspeed"])
     parser.add_argument("--out", default="", help="also write the JSON object here")
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
 
@@ -159,6 +164,63 @@ def learn_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
             "weights_on": str(probe.device), "peak_mem_mb": _peak_mb(dev)}
 
 
+def deepspeed_part(args: argparse.Namespace, dev: torch.device, keep: dict,
+                   workdir: Path) -> dict:
+    """The learner step through DeepSpeed (one rank): ZeRO-3, then ZeRO-2 with the optimizer
+    offloaded; the ZeRO-3 learner's checkpoint loaded into a fresh learner (same weights)."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return {"skipped": "DeepSpeed is not installed"}
+    from compassplay.config import LearnerSection
+    from compassplay.engines.factory import make_learner
+    from compassplay.records import Trajectory
+
+    gens = keep.get("gens")
+    if gens is None:
+        raise RuntimeError("the deepspeed check needs the generate part's samples")
+    trajs = [Trajectory(generation=g, reward=float(i % 2), role="solver", task_type="deduction")
+             for i, g in enumerate(gens)]
+    dtype = scorer_bench.DTYPES[args.dtype]
+    out: dict = {"shape": args.gen_shape, "dtype": args.dtype}
+    for name, update in (("zero3", {"zero_stage": 3}),
+                         ("zero2_offload_optimizer", {"zero_stage": 2,
+                                                      "offload_optimizer": True})):
+        cfg = LearnerSection(backend="deepspeed", lr=1e-5, micro_batch=4, **update)
+        model = model_shapes.build(args.gen_shape, dtype, dev, seed=0)
+        learner = make_learner(cfg, model, total_steps=2)
+        before = learner.state_dict_for_sync()
+        probe = next(iter(before))
+        before_probe = before[probe].float().clone()
+        del before
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+        t0 = time.perf_counter()
+        stats = learner.step(trajs)
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+        row = {"seconds": round(time.perf_counter() - t0, 3), "loss": stats.loss,
+               "grad_norm": stats.grad_norm, "peak_mem_mb": _peak_mb(dev),
+               "max_weight_change": float(
+                   (learner.state_dict_for_sync()[probe].float() - before_probe).abs().max())}
+        if name == "zero3":
+            ck = workdir / "ds_checkpoint"
+            learner.save(ck)
+            fresh = make_learner(cfg, model_shapes.build(args.gen_shape, dtype, dev, seed=1),
+                                 total_steps=2)
+            fresh.load(ck)
+            a, b = learner.state_dict_for_sync(), fresh.state_dict_for_sync()
+            row["checkpoint_max_abs_diff"] = max(float((a[k].float() - b[k].float()).abs().max())
+                                                 for k in a)
+            row["checkpoint_weight_version"] = fresh.weight_version
+            del fresh, a, b
+        out[name] = row
+        del learner, model
+        _free(dev)
+    return out
+
+
 def _peak_mb(dev: torch.device) -> float | None:
     return round(torch.cuda.max_memory_allocated(dev) / 2**20, 1) if dev.type == "cuda" else None
 
@@ -197,6 +259,11 @@ def run(args: argparse.Namespace, log: Callable[[str], None] = _log) -> dict:
         save()
     if "learn" not in args.skip:
         out["learn"] = _part("learn", lambda: learn_part(args, dev, keep), dev, log)
+        save()
+    if "deepspeed" not in args.skip:
+        with tempfile.TemporaryDirectory(prefix="cp-gpu-check-") as tmp:
+            out["deepspeed"] = _part("deepspeed",
+                                     lambda: deepspeed_part(args, dev, keep, Path(tmp)), dev, log)
     keep.clear()
     _free(dev)
     save()
@@ -211,7 +278,7 @@ def exit_code(result: dict) -> int:
 def failed_parts(result: dict) -> list[str]:
     """Names of the parts that reported an error."""
     parts = [(f"scorer {k}", v) for k, v in result.get("scorer", {}).items()]
-    parts += [(k, result[k]) for k in ("generate", "learn") if k in result]
+    parts += [(k, result[k]) for k in ("generate", "learn", "deepspeed") if k in result]
     return [name for name, v in parts if "error" in v]
 
 

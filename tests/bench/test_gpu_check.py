@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from compassplay.bench import gpu, model_shapes
@@ -21,7 +22,7 @@ def test_gpu_check_runs_every_part_without_ray_vllm_or_deepspeed(tmp_path):
     out = tmp_path / "gpu.json"
     args = ["--device", "cpu", "--shapes", "toy", "--seq-len", "16", "--n-candidates", "2",
             "--reps", "1", "--fp32-check", "2", "--gen-shape", "toy", "--gen-batch", "2",
-            "--gen-tokens", "6", "--json", "--out", str(out)]
+            "--gen-tokens", "6", "--skip", "deepspeed", "--json", "--out", str(out)]
     proc = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -37,6 +38,26 @@ def test_gpu_check_runs_every_part_without_ray_vllm_or_deepspeed(tmp_path):
     assert result["generate"]["new_tokens"] == 12  # EOS off: every completion is full length
     assert result["learn"]["max_weight_change"] > 0 and result["learn"]["tokens"] == 12
     assert "[gpu check] learn: ok" in proc.stderr
+
+
+@pytest.mark.slow
+def test_deepspeed_part_steps_offloads_and_restores(tmp_path):
+    """The optional DeepSpeed part (CPU accelerator here, CUDA on a GPU): ZeRO-3 and ZeRO-2 with
+    the optimizer offloaded each take a step that moves the weights, and the ZeRO-3 checkpoint
+    loads into a fresh learner with the same weights."""
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "gpu.json"
+    args = ["--device", "cpu", "--skip", "scorer", "learn", "--gen-shape", "toy",
+            "--gen-batch", "2", "--gen-tokens", "6", "--json", "--out", str(out)]
+    proc = subprocess.run([sys.executable, "-m", "compassplay.bench.gpu", *args],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ds = json.loads(out.read_text())["deepspeed"]
+    for name in ("zero3", "zero2_offload_optimizer"):
+        assert ds[name]["max_weight_change"] > 0, ds
+        assert ds[name]["grad_norm"] > 0
+    assert ds["zero3"]["checkpoint_max_abs_diff"] == 0.0
+    assert ds["zero3"]["checkpoint_weight_version"] == 1
 
 
 def test_a_failing_part_is_reported_and_sets_the_exit_code():
