@@ -139,24 +139,13 @@ def learn_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
     """One PolicyLearner step (torch backend) on the generated samples, rewards alternating."""
     from compassplay.config import LearnerSection
     from compassplay.engines.factory import make_learner
-    from compassplay.records import Trajectory
 
-    model, gens = keep.get("model"), keep.get("gens")
-    if model is None:
-        raise RuntimeError("the learner check needs the generate part's samples")
-    trajs = [Trajectory(generation=g, reward=float(i % 2), role="solver", task_type="deduction")
-             for i, g in enumerate(gens)]
+    trajs = _trajectories(keep, "learner")
+    model = keep["model"]
     learner = make_learner(LearnerSection(lr=1e-5, micro_batch=4), model, total_steps=1)
     probe = next(p for p in model.parameters() if p.requires_grad)
     before = probe.detach().float().clone()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
-    t0 = time.perf_counter()
-    stats = learner.step(trajs)
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    dt = time.perf_counter() - t0
+    stats, dt = _timed_step(learner, trajs, dev)
     changed = float((probe.detach().float() - before).abs().max())
     return {"shape": args.gen_shape, "dtype": args.dtype, "trajectories": len(trajs),
             "tokens": stats.n_tokens, "seconds": round(dt, 3), "loss": stats.loss,
@@ -174,13 +163,8 @@ def deepspeed_part(args: argparse.Namespace, dev: torch.device, keep: dict,
         return {"skipped": "DeepSpeed is not installed"}
     from compassplay.config import LearnerSection
     from compassplay.engines.factory import make_learner
-    from compassplay.records import Trajectory
 
-    gens = keep.get("gens")
-    if gens is None:
-        raise RuntimeError("the deepspeed check needs the generate part's samples")
-    trajs = [Trajectory(generation=g, reward=float(i % 2), role="solver", task_type="deduction")
-             for i, g in enumerate(gens)]
+    trajs = _trajectories(keep, "deepspeed")
     dtype = scorer_bench.DTYPES[args.dtype]
     out: dict = {"shape": args.gen_shape, "dtype": args.dtype}
     for name, update in (("zero3", {"zero_stage": 3}),
@@ -193,14 +177,8 @@ def deepspeed_part(args: argparse.Namespace, dev: torch.device, keep: dict,
         probe = next(iter(before))
         before_probe = before[probe].float().clone()
         del before
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-        t0 = time.perf_counter()
-        stats = learner.step(trajs)
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        row = {"seconds": round(time.perf_counter() - t0, 3), "loss": stats.loss,
+        stats, dt = _timed_step(learner, trajs, dev)
+        row = {"seconds": round(dt, 3), "loss": stats.loss,
                "grad_norm": stats.grad_norm, "peak_mem_mb": _peak_mb(dev),
                "max_weight_change": float(
                    (learner.state_dict_for_sync()[probe].float() - before_probe).abs().max())}
@@ -219,6 +197,28 @@ def deepspeed_part(args: argparse.Namespace, dev: torch.device, keep: dict,
         del learner, model
         _free(dev)
     return out
+
+
+def _trajectories(keep: dict, part: str) -> list:
+    """The generate part's samples as solver trajectories, rewards alternating 0/1."""
+    from compassplay.records import Trajectory
+
+    if keep.get("gens") is None:
+        raise RuntimeError(f"the {part} check needs the generate part's samples")
+    return [Trajectory(generation=g, reward=float(i % 2), role="solver", task_type="deduction")
+            for i, g in enumerate(keep["gens"])]
+
+
+def _timed_step(learner, trajs: list, dev: torch.device) -> tuple:
+    """(stats, seconds) of one learner step, synchronized and with the peak reset on CUDA."""
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    t0 = time.perf_counter()
+    stats = learner.step(trajs)
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    return stats, time.perf_counter() - t0
 
 
 def _peak_mb(dev: torch.device) -> float | None:

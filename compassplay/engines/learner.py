@@ -96,9 +96,9 @@ class Slot(ABC):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights with HF names, detached CPU copies."""
 
+    @abstractmethod
     def reset(self, weights: dict[str, torch.Tensor]) -> None:
         """Back to `weights` (HF names) with a fresh optimizer and schedule, in place."""
-        raise NotImplementedError(f"{type(self).__name__} cannot reset in place")
 
     @abstractmethod
     def save(self, path: Path | None) -> None:

@@ -34,11 +34,20 @@ class TorchSlot(Slot):
     """One model trained with plain torch; gradients accumulate across micro-batches."""
 
     def __init__(self, model: torch.nn.Module, cfg, total_steps: int | None = None) -> None:
-        self.module = model
+        self.module, self.cfg, self.total_steps = model, cfg, total_steps
         self.max_grad_norm = cfg.max_grad_norm
-        self.optimizer = make_adamw([p for p in model.parameters() if p.requires_grad], cfg.lr)
+        self._fresh_optimizer()
+
+    def _fresh_optimizer(self) -> None:
+        cfg = self.cfg
+        self.optimizer = make_adamw([p for p in self.module.parameters() if p.requires_grad],
+                                    cfg.lr)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps))
+            self.optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, self.total_steps))
+
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        self.module.load_state_dict(weights)
+        self._fresh_optimizer()
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         loss.backward()

@@ -73,7 +73,8 @@ class LearnerWorker:
         self._initial = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
         # learner.kl_coef > 0: the KL term's frozen reference is the initial policy
         self.ref_model = frozen_copy(self.model) if cfg.learner.kl_coef > 0 else None
-        self.learner = self._make_learner()
+        self.learner = make_learner(cfg.learner, self.model, self.ref_model,
+                                    total_steps=cfg.pipeline.steps, dist=self.dist)
         self.env = make_env(cfg, None)
         self.reference = make_reference(cfg, self.tok) if cfg.logging.reference_loss else None
         self.steps_done = 0
@@ -84,10 +85,6 @@ class LearnerWorker:
         self.cumulative_device_seconds = 0.0  # training's device seconds so far
         if restore:
             self.restore()
-
-    def _make_learner(self):
-        return make_learner(self.cfg.learner, self.model, self.ref_model,
-                            total_steps=self.cfg.pipeline.steps, dist=self.dist)
 
     @property
     def weight_version(self) -> int:
@@ -146,13 +143,8 @@ class LearnerWorker:
         """Reload the latest checkpoint (or the initial weights when there is none); weight
         versions stay >= `min_version` so engines holding newer versions accept the rollback."""
         ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None and self.cfg.learner.backend == "deepspeed":
+        if ckpt is None:
             self.learner.reset(self._initial)  # in place: ZeRO-3 parameters are partitioned
-            self.steps_done, self.restored_state = 0, None
-            self.cumulative_device_seconds = 0.0
-        elif ckpt is None:
-            self.model.load_state_dict(self._initial)
-            self.learner = self._make_learner()
             self.steps_done, self.restored_state = 0, None
             self.cumulative_device_seconds = 0.0
         else:

@@ -141,3 +141,24 @@ def test_zero_advantage_trajectories_skipped_give_the_plain_update(learner_cfg):
             torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=n)
     assert any((p - q).abs().max() > 0 for p, q in
                zip(model.parameters(), tiny_causal_lm(seed=3).parameters(), strict=True))
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_torch_reset_in_place_equals_a_fresh_learner(shared):
+    """LearnerWorker.restore without a checkpoint (torch backend): the initial weights back in
+    place in every slot, fresh AdamW and schedule, version 0: the next step is the first again."""
+    cfg = LearnerSection(lr=1e-3, micro_batch=2, schedule="linear", shared_model=shared)
+    model = tiny_causal_lm(seed=2)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    batch = on_policy_batch(tiny_causal_lm(seed=2), n=5, seed=3)
+    learner = make_learner(cfg, model, total_steps=4)
+    first = learner.step(batch)
+    learner.step(batch)
+    learner.reset(initial)
+    assert learner.weight_version == 0
+    for role in ("solver", "proposer"):
+        now = learner.state_dict_for_sync(role)
+        assert all(torch.equal(now[k], initial[k]) for k in now)
+    again = learner.step(batch)
+    assert again.loss == pytest.approx(first.loss, rel=1e-6) and again.lr == first.lr
+    assert again.grad_norm == pytest.approx(first.grad_norm, rel=1e-6)
