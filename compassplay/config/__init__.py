@@ -9,9 +9,15 @@ shipped configs, `base:` and overrides in `loading`. Import everything from here
 
 from __future__ import annotations
 
-from compassplay.config.base import (  # noqa: F401
-    ConfigError,
-    Section,
+from compassplay.config.files import (  # noqa: F401
+    SHIPPED_CONFIGS,
+    apply_override,
+    dump_config,
+    load_config,
+    merge_sections,
+    read_config_file,
+    resolve_config,
+    shipped_configs,
 )
 from compassplay.config.infra import (  # noqa: F401
     ActorResources,
@@ -23,16 +29,6 @@ from compassplay.config.infra import (  # noqa: F401
     LoggingSection,
     PipelineSection,
     VerifierSection,
-)
-from compassplay.config.loading import (  # noqa: F401
-    SHIPPED_CONFIGS,
-    apply_override,
-    dump_config,
-    load_config,
-    merge_sections,
-    read_config_file,
-    resolve_config,
-    shipped_configs,
 )
 from compassplay.config.models import (  # noqa: F401
     BootstrapSection,
@@ -48,7 +44,11 @@ from compassplay.config.models import (  # noqa: F401
 from compassplay.config.run_config import (  # noqa: F401
     RunConfig,
 )
-from compassplay.config.tasks import (  # noqa: F401
+from compassplay.config.section import (  # noqa: F401
+    ConfigError,
+    Section,
+)
+from compassplay.config.task_reward import (  # noqa: F401
     LeanTaskSection,
     ReferenceSection,
     RewardSection,

@@ -9,8 +9,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from compassplay.config.base import ConfigError
 from compassplay.config.run_config import RunConfig
+from compassplay.config.section import ConfigError
 
 
 def _parse_value(text: str) -> Any:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from compassplay.config.base import Section
+from compassplay.config.section import Section
 
 
 class RunSection(Section):

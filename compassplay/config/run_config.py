@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from compassplay.config.base import Section
 from compassplay.config.infra import (
     ClusterSection,
     EvalSection,
@@ -21,7 +20,8 @@ from compassplay.config.models import (
     ScorerSection,
     SolverSection,
 )
-from compassplay.config.tasks import ReferenceSection, RewardSection, TaskSection
+from compassplay.config.section import Section
+from compassplay.config.task_reward import ReferenceSection, RewardSection, TaskSection
 
 
 class RunConfig(Section):
