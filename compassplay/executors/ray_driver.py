@@ -295,6 +295,8 @@ class Pipeline:
                 continue
             self._record(result)
         self.evals.finish(self._done())
+        if self.verifiers is not None:
+            self.verifiers.finish()
         if self.lean is not None:
             self.lean.finish(self.run_dir)
         return self.recorded

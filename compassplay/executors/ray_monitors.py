@@ -154,3 +154,19 @@ class VerifierStats:
             self._refs[name] = actor.stats.remote()
         if self.latest:
             self.metrics.observe_verifiers(self.latest, time.time())
+
+    def finish(self, timeout_s: float = 10.0) -> None:
+        """Take the replies still outstanding at the end of the run (waiting at most
+        `timeout_s`), so none is in flight when the actors are killed."""
+        refs = dict(self._refs)
+        self._refs.clear()
+        if refs:
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
+        for name, ref in refs.items():
+            try:
+                self.latest[name] = ray.get(ref, timeout=0)
+            except RayError as exc:  # GetTimeoutError included: left for the shutdown
+                log.warning("stats of %s unavailable at the end (%s)", name,
+                            type(exc).__name__)
+        if self.latest:
+            self.metrics.observe_verifiers(self.latest, time.time())
