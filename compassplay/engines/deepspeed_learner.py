@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from compassplay.engines import deepspeed_state as dstate
-from compassplay.engines.dist import RankInfo, init_group
+from compassplay.engines.dist import RankInfo, init_group, leave_at_exit
 from compassplay.engines.learner import Slot, lr_lambda
 from compassplay.engines.torch_learner import make_adamw
 
@@ -78,6 +78,7 @@ def ensure_distributed(deepspeed: Any, info: RankInfo | None = None) -> None:
     os.environ.setdefault("LOCAL_RANK", "0")
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    leave_at_exit(backend)
 
 
 def ds_config(cfg: Any, dtype: torch.dtype) -> dict[str, Any]:

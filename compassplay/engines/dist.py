@@ -8,6 +8,7 @@ is the special case: a world of 1 on 127.0.0.1 and a free port.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 import socket
@@ -70,6 +71,28 @@ def init_group(info: RankInfo, init_fn=None) -> None:
         dist.init_process_group(backend, timeout=timeout)
     else:
         init_fn(dist_backend=backend, timeout=timeout)
+    leave_at_exit(backend)
+
+
+def leave_group(wait_for_peers: bool = True) -> None:
+    """Tear down this process's group (no-op when none is initialized); call it before a
+    rank exits. `wait_for_peers`: a barrier first, so no rank closes its connections while a
+    peer still reads from them (gloo aborts that peer with SIGABRT)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if wait_for_peers and dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
+def leave_at_exit(backend: str) -> None:
+    """gloo: destroy the group while the interpreter is still whole. A process that exits
+    with a live gloo group can abort (SIGABRT) when gloo's worker threads release tensors
+    during interpreter shutdown. NCCL is left alone: destroying a communicator whose peer
+    died can hang, and the actor's process ends anyway."""
+    if backend == "gloo":
+        atexit.register(leave_group, wait_for_peers=False)
 
 
 def world_size() -> int:

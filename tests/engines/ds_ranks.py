@@ -29,7 +29,7 @@ def _rank_main(rank: int, world: int, port: int, plan: dict[str, Any], out: str)
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     from compassplay.engines import deepspeed_learner
-    from compassplay.engines.dist import RankInfo
+    from compassplay.engines.dist import RankInfo, leave_group
     from compassplay.engines.factory import make_learner
     from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
@@ -63,6 +63,7 @@ def _rank_main(rank: int, world: int, port: int, plan: dict[str, Any], out: str)
             torch.save({"weights": weights, "stats": stats}, Path(out) / f"z{stage}.pt")
         else:
             assert all(w == {} for w in weights)  # only rank 0 holds the full weights
+    leave_group()
 
 
 def run_group(world: int, plan: dict[str, Any], out: Path) -> dict[int, dict[str, Any]]:
