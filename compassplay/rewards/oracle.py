@@ -2,6 +2,9 @@
 
 Used by the tests as ground truth, by `bench scorer` as the naive baseline, and by the scorer as
 the exact fallback for parameters the batched hooks cannot handle. Never touches `.grad`.
+The oracle's own gradients (`per_example_grads`, `reference_grads`) take every position's
+logits, so they do not share the scorer's dropping of prompt logits; the naive loop and the
+fallback use the same loss as the scorer.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ def per_example_grads(model: nn.Module, params: dict[str, nn.Parameter],
     names, plist = list(params), list(params.values())
     for ex in examples:
         with scoring_mode(model):
-            grads = torch.autograd.grad(example_loss(model, ex), plist, allow_unused=True)
+            grads = torch.autograd.grad(example_loss(model, ex, all_logits=True), plist,
+                                        allow_unused=True)
         yield {n: (torch.zeros_like(p, dtype=torch.float32) if g is None else g.float())
                for n, p, g in zip(names, plist, grads, strict=True)}
 
@@ -32,7 +36,7 @@ def reference_grads(model: nn.Module, params: dict[str, nn.Parameter],
     if not ref:
         raise ValueError("reference set is empty")
     with scoring_mode(model):
-        loss = torch.stack([example_loss(model, ex) for ex in ref]).mean()
+        loss = torch.stack([example_loss(model, ex, all_logits=True) for ex in ref]).mean()
         grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
     return {n: (torch.zeros_like(p, dtype=torch.float32) if g is None else g.float().detach())
             for (n, p), g in zip(params.items(), grads, strict=True)}
