@@ -7,7 +7,8 @@ verifier actor checks through a `FleetLeanPool` (LeanPool's interface: check_man
 
 `LeanFleetActor.submit` resizes the fleet for the new backlog (the scaling policy is the pure
 `LeanScaler`) and splits the batch over the placed LeanVerifier actors (all of it to one still
-waiting for resources only when none is placed), returning their
+waiting for resources only when none is placed; the pure decisions of this module live in
+`verifiers/lean_routing.py`), returning their
 ObjectRefs: the verifier actor waits on them, not the fleet actor. A background thread polls
 every `scaling.poll_s`, so actors go after `scaling.idle_grace_s` without traffic, and records
 (t, backlog, actors) whenever they change (`history()`; the driver writes lean_fleet.jsonl and
@@ -24,7 +25,6 @@ constructor fails (e.g. the REPL command does not exist) stops the run the same 
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from collections import Counter
@@ -38,15 +38,14 @@ from compassplay.actors.lean_fleet import LeanVerifierFleet
 from compassplay.errors import FatalStageError, ResourceWaitError
 from compassplay.verifiers.lean_messages import STATUSES, LeanVerdict
 from compassplay.verifiers.lean_pool import LeanCheck, LeanPool, as_check
+from compassplay.verifiers.lean_routing import (
+    PlacementPolicy,
+    Resubmit,
+    split_checks,
+    with_resubmits,
+)
 
 log = logging.getLogger(__name__)
-
-RESUBMITS = 2  # times a batch whose LeanVerifier died is sent again
-
-
-class _Resubmit(Exception):
-    """A batch's LeanVerifier died (or was dropped): send the batch again."""
-
 
 Problem = tuple[str, str]  # (kind: '' | 'resource' | 'start', message)
 NO_PROBLEM: Problem = ("", "")
@@ -67,7 +66,7 @@ class LeanFleetActor:
 
     def __init__(self, cfg: Any, log_every_s: float = 10.0) -> None:
         self.cfg = cfg
-        self.log_every_s = log_every_s
+        self.policy = PlacementPolicy(cfg.resource_wait_s, log_every_s)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self.fleet = LeanVerifierFleet.from_config(cfg)
@@ -91,10 +90,9 @@ class LeanFleetActor:
                 return [], self._problem
             f = self.fleet
             f.poll(extra=len(checks))
-            parts = max(1, min(f.placed(), math.ceil(len(checks) / f.scaler.checks_per_actor)))
             # (none placed yet: the whole batch waits on one actor; see _watch for the rest)
-            size = math.ceil(len(checks) / parts)
-            refs = [f.submit(list(checks[i:i + size])) for i in range(0, len(checks), size)]
+            refs = [f.submit(list(checks[part])) for part in
+                    split_checks(len(checks), f.placed(), f.scaler.checks_per_actor)]
             self._note()
             return refs, NO_PROBLEM
 
@@ -163,8 +161,8 @@ class LeanFleetActor:
         ages = f.unplaced_ages()
         if not ages:
             return
-        if f.placed() and f.drop_unplaced(loaded_older_than=min(
-                self.cfg.resource_wait_s or self.log_every_s, self.log_every_s)):
+        policy = self.policy
+        if f.placed() and f.drop_unplaced(loaded_older_than=policy.drop_loaded_after_s):
             # checks wait on an actor the cluster cannot place while others run: the
             # FleetLeanPool sees the batch fail and resubmits it (to the placed actors)
             log.warning("dropped LeanVerifier actors that waited for placement with checks "
@@ -173,24 +171,14 @@ class LeanFleetActor:
             ages = f.unplaced_ages()
             if not ages:
                 return
-        wait, now = self.cfg.resource_wait_s, time.monotonic()
-        if ages[0] >= self.log_every_s and now - self._last_log >= self.log_every_s:
+        now = time.monotonic()
+        if policy.log_due(ages[0], now, self._last_log):
             self._last_log = now
-            log.warning("%d LeanVerifier actor(s) waiting for placement (oldest %.0f s), each "
-                        "asks %s; the cluster has free %s; %s", len(ages), ages[0],
-                        f.actor_request(), _free(),
-                        f"giving up after {wait:.0f} s (verifiers.lean.resource_wait_s)" if wait
-                        else "waiting for an autoscaler (verifiers.lean.resource_wait_s=0)")
-        if wait and ages[0] > wait and not f.placed():  # some placed: the fleet runs smaller
-            total = ray.cluster_resources()
-            asked = {k: total.get(k, 0.0) for k in f.actor_request()}
-            self._problem = ("resource", (
-                f"{len(ages)} LeanVerifier actor(s) not placed after {wait:.0f} s: each asks "
-                f"{f.actor_request()}, the cluster has {asked} in all and {_free()} free. Start "
-                "nodes that advertise it (ray start --resources='{\"lean_repl\": 4}'; the "
-                "lean_verifier node type of ray_cluster.yaml), change verifiers.lean.actor, "
-                "raise verifiers.lean.resource_wait_s (0 = wait for an autoscaler) or set "
-                "verifiers.lean.on_no_resource=local"))
+            log.warning("%s", policy.waiting_message(len(ages), ages[0], f.actor_request(),
+                                                     _free()))
+        if policy.gives_up(ages[0], f.placed()):
+            self._problem = ("resource", policy.give_up_message(
+                len(ages), f.actor_request(), ray.cluster_resources(), _free()))
             log.error("%s", self._problem[1])
             f.drop_unplaced()
             self._note()
@@ -226,16 +214,7 @@ class FleetLeanPool:
 
     def _on_fleet(self, checks: list[LeanCheck]) -> list[LeanVerdict] | None:
         """The fleet's verdicts; None after switching to a local pool."""
-        for attempt in range(RESUBMITS + 1):
-            try:
-                return self._fleet_once(checks)
-            except _Resubmit as exc:
-                if attempt == RESUBMITS:
-                    raise RuntimeError(f"{len(checks)} Lean checks failed {attempt + 1} times "
-                                       f"on the fleet: its LeanVerifier died ({exc})") from exc
-                log.warning("%d Lean checks failed on the fleet (%s); resubmitting them "
-                            "(%d of %d)", len(checks), exc, attempt + 1, RESUBMITS)
-        raise AssertionError("unreachable")
+        return with_resubmits(lambda: self._fleet_once(checks), f"{len(checks)} Lean checks")
 
     def _fleet_once(self, checks: list[LeanCheck]) -> list[LeanVerdict] | None:
         refs, problem = ray.get(self.fleet.submit.remote(checks))
@@ -263,7 +242,7 @@ class FleetLeanPool:
             problem = ray.get(self.fleet.problem.remote(), timeout=60)
             if problem != NO_PROBLEM:
                 return self._handle(problem)
-            raise _Resubmit(type(exc).__name__) from exc
+            raise Resubmit(type(exc).__name__) from exc
         except RayError:
             problem = ray.get(self.fleet.problem.remote(), timeout=60)
             if problem != NO_PROBLEM:
