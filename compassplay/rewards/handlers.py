@@ -217,8 +217,10 @@ class LinearHandler(Handler):
             self._materialize(st, a, b, wname)
 
     def _ghost(self, st: PassState, a: torch.Tensor, b: torch.Tensor, v: torch.Tensor) -> None:
-        t = a.shape[1]
-        step = max(1, self.ctx.chunk_bytes // (8 * t * max(t, b.shape[2])))
+        """`<G, V> = sum_t b_t . (V a_t) = sum_t a_t . (V^T b_t)`: whichever product has the
+        narrower output (a 49k-vocabulary head: T x d_in, not T x 49k)."""
+        t, d_in, d_out = a.shape[1], a.shape[2], b.shape[2]
+        step = max(1, self.ctx.chunk_bytes // (8 * t * max(t, min(d_in, d_out))))
         acc = st.acc_for(self.group, a.device)
         vt = (v if self.transposed else v.t()).to(a.dtype)  # (d_in, d_out)
         for s in range(0, st.n, step):
@@ -226,8 +228,12 @@ class LinearHandler(Handler):
             ac, bc = a[sl], b[sl]
             gram = bmm32(ac, ac.transpose(1, 2)).mul_(bmm32(bc, bc.transpose(1, 2)))
             acc.sq[sl] += rowsum(gram)
-            av = mm32(ac.reshape(-1, ac.shape[2]), vt).reshape(bc.shape)
-            acc.inner[sl] += rowsum(av.mul_(bc))
+            if d_out > d_in:
+                bv = mm32(bc.reshape(-1, d_out), vt.t()).reshape(ac.shape)
+                acc.inner[sl] += rowsum(bv.mul_(ac))
+            else:
+                av = mm32(ac.reshape(-1, d_in), vt).reshape(bc.shape)
+                acc.inner[sl] += rowsum(av.mul_(bc))
 
     def _materialize(self, st: PassState, a: torch.Tensor, b: torch.Tensor, wname: str) -> None:
         """G_i by one batched GEMM per chunk of samples (at least one sample, else at most
