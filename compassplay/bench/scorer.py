@@ -69,6 +69,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "float32 per-candidate oracle on this many candidates (0: skip)")
     parser.add_argument("--max-batch-tokens", type=int, default=16384,
                         help="padded tokens per batched pass (scorer and floor alike)")
+    parser.add_argument("--cpu-pass-tokens", type=int, default=1280,
+                        help="on a CPU, passes of at most this many tokens (scorer and floor "
+                        "alike; 0: --max-batch-tokens only); the JSON's pass_tokens is the "
+                        "size used")
     parser.add_argument("--n-candidates", "--candidates", dest="n_candidates", type=int,
                         default=None, help="default 32 (toy) / 16 (real shapes)")
     parser.add_argument("--seq-len", type=int, default=128,
@@ -197,7 +201,9 @@ def run(args: argparse.Namespace) -> dict:
     model, cands, ref = _setup(args)
     dev = next(model.parameters()).device
     reps = args.reps or (5 if args.shape == "toy" else 2)
-    scorer = GradientScorer(model, "all", max_batch_tokens=args.max_batch_tokens)
+    scorer = GradientScorer(model, "all", max_batch_tokens=args.max_batch_tokens,
+                            cpu_pass_tokens=args.cpu_pass_tokens)
+    pass_tokens = scorer.pass_tokens
     scorer.set_reference(ref)
     rs = scorer.reference
 
@@ -209,7 +215,7 @@ def run(args: argparse.Namespace) -> dict:
         return [s.cosine for s in scorer.score(cands)]
 
     fns = {"naive": naive, "batched": batched,
-           "floor": lambda: floor_step(model, cands, args.max_batch_tokens)}
+           "floor": lambda: floor_step(model, cands, pass_tokens)}
     memory = args.memory or ("profiler" if args.shape == "toy" else "rss")
     if dev.type == "cuda" and memory == "rss":
         memory = "profiler"  # i.e. the CUDA allocator's peak, in the warm-up round
@@ -226,7 +232,7 @@ def run(args: argparse.Namespace) -> dict:
         few = cands[:2]
         naive_partials(model, scorer.params, rs.grads, few)
         scorer.score(few)
-        floor_step(model, few, args.max_batch_tokens)
+        floor_step(model, few, pass_tokens)
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}
@@ -262,7 +268,7 @@ def run(args: argparse.Namespace) -> dict:
         "mean_tokens": sum(len(c) for c in cands) / len(cands),
         "params": model_shapes.param_count(model),
         "threads": torch.get_num_threads(),
-        "max_batch_tokens": args.max_batch_tokens,
+        "max_batch_tokens": args.max_batch_tokens, "pass_tokens": pass_tokens,
         "reps": reps,
         "naive_s": round(med["naive"], 4),
         "batched_s": round(med["batched"], 4),

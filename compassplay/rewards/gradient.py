@@ -72,12 +72,16 @@ class GradientScorer:
     params: "all" (every trainable parameter), a list of fnmatch globs over
     `model.named_parameters()` names, or a projection spec (`ProjectionSpec` or
     `{"kind": "projection", "dim": k, "seed": s, "include": [globs]}`).
-    max_batch_tokens: padded tokens per batched pass (memory knob). path: "auto", "ghost" or
-    "materialize" for linear layers. chunk_bytes: bound on per-layer per-sample temporaries.
+    max_batch_tokens: padded tokens per batched pass (memory knob). cpu_pass_tokens: on a CPU,
+    passes of at most this many padded tokens (0: max_batch_tokens only): a pass's activations
+    then stay in cache, and at SmolLM2-135M's shape 1,280-token passes scored 16 x 320 tokens
+    in 20.4 s against 25.1 s in one pass (2 threads). path: "auto", "ghost" or "materialize"
+    for linear layers. chunk_bytes: bound on per-layer per-sample temporaries.
     """
 
     def __init__(self, model: nn.Module, params: ParamsSpec = "all", *,
-                 max_batch_tokens: int = 16384, path: str = "auto",
+                 max_batch_tokens: int = 16384, cpu_pass_tokens: int = 1280,
+                 path: str = "auto",
                  chunk_bytes: int = 64 << 20, weight_version: int = 0, pad_id: int = 0) -> None:
         self.model = model
         globs, self.projection = parse_spec(params)
@@ -86,6 +90,7 @@ class GradientScorer:
             self.projection.dim, self.projection.seed)
         self.engine = PerSampleEngine(model, self.params, self.sketch, path, chunk_bytes)
         self.max_batch_tokens = max_batch_tokens
+        self.cpu_pass_tokens = cpu_pass_tokens
         self.weight_version = int(weight_version)
         self.pad_id = pad_id
         self.reference: Reference | None = None
@@ -93,6 +98,13 @@ class GradientScorer:
     @property
     def device(self) -> torch.device:
         return next(iter(self.params.values())).device
+
+    @property
+    def pass_tokens(self) -> int:
+        """Padded tokens per batched pass on this scorer's device."""
+        if self.device.type == "cpu" and self.cpu_pass_tokens > 0:
+            return min(self.max_batch_tokens, self.cpu_pass_tokens)
+        return self.max_batch_tokens
 
     @property
     def layer_paths(self) -> dict[str, list[str]]:
@@ -153,7 +165,7 @@ class GradientScorer:
         grads = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
         names, plist = list(self.params), list(self.params.values())
         with scoring_mode(self.model):
-            for idx in plan_batches(ref, self.max_batch_tokens):
+            for idx in plan_batches(ref, self.pass_tokens):
                 batch = make_batch([ref[i] for i in idx], idx, self.device, self.pad_id)
                 loss = batch_losses(self.model, batch).sum() / n_total
                 gs = torch.autograd.grad(loss, plist, allow_unused=True)
@@ -197,7 +209,7 @@ class GradientScorer:
         if n == 0:
             return out
         with scoring_mode(self.model):
-            for idx in plan_batches(cands, self.max_batch_tokens):
+            for idx in plan_batches(cands, self.pass_tokens):
                 batch = make_batch([cands[i] for i in idx], idx, self.device, self.pad_id)
                 acc, declined = self.engine.run(batch)
                 self._put(out, idx, acc.inner, acc.sq, acc.proj)

@@ -62,7 +62,8 @@ class ScorerWorker(Versioned):
                               "'all' or name globs, not a projection")
         self.local_params = params
         self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id,
-                                     max_batch_tokens=cfg.scorer.max_batch_tokens)
+                                     max_batch_tokens=cfg.scorer.max_batch_tokens,
+                                     cpu_pass_tokens=cfg.scorer.cpu_pass_tokens)
         self.env = make_env(cfg, None)
         self.reference = [] if self.local else make_reference(cfg, self.tok)
         self._naive_ref: tuple[int, dict] | None = None

@@ -184,3 +184,22 @@ def test_unrecognized_module_falls_back_exactly(gen):
     got = scorer.score(cands)
     assert_matches(got, oracle(model, ref, cands))
     assert "loop" in scorer.layer_paths["model.layers.0.post_attention_layernorm.inner.weight"]
+
+
+def test_cpu_passes_are_capped_and_change_no_score(gen):
+    model = tiny_model("llama", True)
+    ref = [rand_example(gen, 4, 6)]
+    cands = [rand_example(gen, 3, t) for t in (5, 9, 12, 2)]  # 8..15 tokens each
+    results, passes = {}, {}
+    for cap in (0, 16):
+        scorer = GradientScorer(model, max_batch_tokens=4096, cpu_pass_tokens=cap)
+        assert scorer.pass_tokens == (4096 if cap == 0 else 16)
+        scorer.set_reference(ref)
+        run, calls = scorer.engine.run, []
+        scorer.engine.run = lambda batch, run=run, calls=calls: (calls.append(batch.size),
+                                                                 run(batch))[1]
+        results[cap], passes[cap] = scorer.score(cands), calls
+    assert passes[0] == [4] and sum(passes[16]) == 4 and len(passes[16]) >= 3
+    assert_matches(results[16], [(s.cosine, s.inner, s.grad_norm) for s in results[0]],
+                   cos_tol=1e-6)
+    assert_matches(results[16], oracle(model, ref, cands))
