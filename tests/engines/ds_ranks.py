@@ -4,12 +4,14 @@
 `plan["stages"]` (one ZeRO stage after the other, in the same process group), optionally loads
 a checkpoint, takes one learner step per trajectory seed in `plan["seeds"]` and optionally
 saves after step index `plan["save_after"]`. Rank 0 writes, per stage, `out/z{stage}.pt`:
-{"weights": [full state dict after each step], "stats": [LearnerStats dicts]}.
+{"weights": [full state dict after each step], "stats": [LearnerStats dicts]}. Each rank's
+stdout and stderr go to `out/rank{r}.log`; a failed group raises with their tails.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,18 @@ def learner_cfg(stage: int):
 
 
 def _rank_main(rank: int, world: int, port: int, plan: dict[str, Any], out: str) -> None:
+    log = open(Path(out) / f"rank{rank}.log", "w")  # noqa: SIM115 -- this process's fd 1 and 2
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    _rank_work(rank, world, port, plan, out)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The results are written and the group is destroyed: skip the interpreter's teardown, whose
+    # C++ destructors (gloo, DeepSpeed's ops) have nothing left to do for this test.
+    os._exit(0)
+
+
+def _rank_work(rank: int, world: int, port: int, plan: dict[str, Any], out: str) -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
     from compassplay.engines import deepspeed_learner
@@ -71,9 +85,15 @@ def run_group(world: int, plan: dict[str, Any], out: Path) -> dict[int, dict[str
     from compassplay.engines.dist import free_port
 
     out.mkdir(parents=True, exist_ok=True)
-    torch.multiprocessing.start_processes(
-        _rank_main, args=(world, free_port("127.0.0.1"), plan, str(out)), nprocs=world,
-        join=True, start_method="spawn")
+    try:
+        torch.multiprocessing.start_processes(
+            _rank_main, args=(world, free_port("127.0.0.1"), plan, str(out)), nprocs=world,
+            join=True, start_method="spawn")
+    except Exception as exc:  # name the rank's own last words (its stderr is in a file)
+        logs = {r: (out / f"rank{r}.log") for r in range(world)}
+        tails = "\n".join(f"--- rank {r}:\n" + p.read_text(errors="replace")[-3000:]
+                          for r, p in logs.items() if p.exists())
+        raise RuntimeError(f"learner group of {world} failed: {exc}\n{tails}") from exc
     return {s: torch.load(out / f"z{s}.pt", weights_only=False) for s in plan["stages"]}
 
 
