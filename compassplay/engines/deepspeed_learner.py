@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import copy
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from compassplay.engines import deepspeed_state as dstate
-from compassplay.engines.dist import RankInfo, init_group, leave_at_exit
+from compassplay.engines.dist import RankInfo, free_port, init_group, leave_at_exit
 from compassplay.engines.learner import Slot, lr_lambda
 from compassplay.engines.torch_learner import make_adamw
 
@@ -57,12 +56,6 @@ def _import_deepspeed() -> Any:
     return deepspeed
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ensure_distributed(deepspeed: Any, info: RankInfo | None = None) -> None:
     """Join the learner group `info`; None: a world of 1 unless a launcher set
     RANK/WORLD_SIZE."""
@@ -72,7 +65,7 @@ def ensure_distributed(deepspeed: Any, info: RankInfo | None = None) -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port("127.0.0.1")))
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("LOCAL_RANK", "0")

@@ -147,13 +147,9 @@ class VerifierStats:
             if ref is not None:
                 if not ray.wait([ref], timeout=0)[0]:
                     continue  # still busy: ask again next step
-                try:
-                    self.latest[name] = ray.get(ref)
-                except RayError as exc:
-                    log.warning("stats of %s unavailable (%s)", name, type(exc).__name__)
+                self._take(name, ref)
             self._refs[name] = actor.stats.remote()
-        if self.latest:
-            self.metrics.observe_verifiers(self.latest, time.time())
+        self._publish()
 
     def finish(self, timeout_s: float = 10.0) -> None:
         """Take the replies still outstanding at the end of the run (waiting at most
@@ -163,10 +159,15 @@ class VerifierStats:
         if refs:
             ray.wait(list(refs.values()), num_returns=len(refs), timeout=timeout_s)
         for name, ref in refs.items():
-            try:
-                self.latest[name] = ray.get(ref, timeout=0)
-            except RayError as exc:  # GetTimeoutError included: left for the shutdown
-                log.warning("stats of %s unavailable at the end (%s)", name,
-                            type(exc).__name__)
+            self._take(name, ref, timeout=0)  # GetTimeoutError: left for the shutdown
+        self._publish()
+
+    def _take(self, name: str, ref: Any, timeout: float | None = None) -> None:
+        try:
+            self.latest[name] = ray.get(ref, timeout=timeout)
+        except RayError as exc:
+            log.warning("stats of %s unavailable (%s)", name, type(exc).__name__)
+
+    def _publish(self) -> None:
         if self.latest:
             self.metrics.observe_verifiers(self.latest, time.time())

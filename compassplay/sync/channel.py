@@ -34,7 +34,6 @@ from __future__ import annotations
 import datetime
 import logging
 import pickle
-import socket
 from typing import Any, Literal
 
 import torch
@@ -100,18 +99,6 @@ def _check_ipc(cfg: RunConfig, embedded: bool) -> None:
         log.warning("learner.weight_sync=ipc: vLLM generators take each version as soon as "
                     "it is published, so pipeline.staleness=%d acts as 0 for them",
                     cfg.pipeline.staleness)
-
-
-def node_address() -> str:
-    """This node's IP as other nodes reach it (the learner's store address)."""
-    return socket.gethostbyname(socket.gethostname())
-
-
-def free_port() -> int:
-    """A TCP port free on this node now (the learner binds its store to it right after)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
 
 
 def transport_for(cfg: RunConfig) -> Transport:

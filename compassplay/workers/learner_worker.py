@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from compassplay.config import RunConfig
-from compassplay.engines.dist import RankInfo
+from compassplay.engines.dist import RankInfo, rendezvous
 from compassplay.engines.factory import make_learner
 from compassplay.models.bootstrap import load_policy
 from compassplay.records import StepStats
@@ -26,7 +26,7 @@ from compassplay.step.messages import (
 )
 from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing, step_cost, timed
-from compassplay.sync.channel import NcclChannel, free_port, node_address, open_channel
+from compassplay.sync.channel import NcclChannel, open_channel
 from compassplay.workers.builders import (
     configure_torch,
     freeze_except,
@@ -100,7 +100,7 @@ class LearnerWorker:
     # learner.weight_sync=nccl: the learner is rank 0 of the weight-sync group
     def sync_address(self) -> tuple[str, int]:
         """(this node's IP, a free port) for the group's store."""
-        return node_address(), free_port()
+        return rendezvous()
 
     def init_sync(self, addr: str, port: int, world_size: int) -> None:
         self.channel = open_channel(self.cfg, addr, port, 0, world_size)

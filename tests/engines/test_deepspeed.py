@@ -5,6 +5,7 @@ import torch
 
 from compassplay.config import LearnerSection
 from compassplay.engines import make_learner
+from tests.engines.helpers import assert_reset_replays_first_step
 from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
 pytest.importorskip("deepspeed")
@@ -51,12 +52,4 @@ def test_zero3_reset_in_place_equals_a_fresh_learner():
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     batch = synthetic_trajectories(tiny_causal_lm(seed=2), n=5, seed=3)
     learner = make_learner(cfg, model, total_steps=4)
-    first = learner.step(batch)
-    learner.step(batch)
-    learner.reset(initial)
-    assert learner.weight_version == 0
-    now = learner.state_dict_for_sync()
-    assert all(torch.equal(now[k], initial[k]) for k in now)
-    again = learner.step(batch)
-    assert again.loss == pytest.approx(first.loss, rel=1e-6) and again.lr == first.lr
-    assert again.grad_norm == pytest.approx(first.grad_norm, rel=1e-6)
+    assert_reset_replays_first_step(learner, batch, initial)

@@ -12,6 +12,7 @@ from compassplay.engines.hf_generation import HFGenerationEngine
 from compassplay.engines.learner import lr_lambda
 from compassplay.engines.logprobs import pack, token_logprobs
 from compassplay.records import Trajectory
+from tests.engines.helpers import assert_reset_replays_first_step
 from tests.tiny_models import synthetic_trajectories as on_policy_batch
 from tests.tiny_models import tiny_causal_lm
 
@@ -152,13 +153,4 @@ def test_torch_reset_in_place_equals_a_fresh_learner(shared):
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     batch = on_policy_batch(tiny_causal_lm(seed=2), n=5, seed=3)
     learner = make_learner(cfg, model, total_steps=4)
-    first = learner.step(batch)
-    learner.step(batch)
-    learner.reset(initial)
-    assert learner.weight_version == 0
-    for role in ("solver", "proposer"):
-        now = learner.state_dict_for_sync(role)
-        assert all(torch.equal(now[k], initial[k]) for k in now)
-    again = learner.step(batch)
-    assert again.loss == pytest.approx(first.loss, rel=1e-6) and again.lr == first.lr
-    assert again.grad_norm == pytest.approx(first.grad_norm, rel=1e-6)
+    assert_reset_replays_first_step(learner, batch, initial, roles=("solver", "proposer"))

@@ -10,9 +10,10 @@ import torch
 
 from compassplay.config import load_config
 from compassplay.engines.base import SamplingParams, StaleWeightsError
+from compassplay.engines.dist import free_port
 from compassplay.engines.vllm_generation import VLLMGenerationEngine
 from compassplay.sync.buckets import NCCLBroadcastSync
-from compassplay.sync.channel import NcclChannel, free_port
+from compassplay.sync.channel import NcclChannel
 from compassplay.sync.ipc import publish
 from compassplay.sync.ranks import receiver_sizes, weight_sync_ranks
 from tests.engines.fake_vllm import FakeLLM, FakeLLMNoTags, fake_sampling_params

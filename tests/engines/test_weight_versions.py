@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -10,6 +9,7 @@ import pytest
 
 from compassplay.config import LearnerSection
 from compassplay.engines import SamplingParams, StaleWeightsError, make_learner
+from compassplay.engines.dist import free_port
 from compassplay.engines.hf_generation import HFGenerationEngine
 from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
@@ -66,12 +66,6 @@ def test_generate_never_mixes_versions(tokenizer):
     assert all(g.weight_version == 1 for g in engine.generate([[1], [2]], P))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 WORKER = """
 import os, sys, torch
 from compassplay.sync.buckets import NCCLBroadcastSync
@@ -105,7 +99,7 @@ sys.exit(0 if ok else 3)
 @pytest.mark.slow
 def test_bucketed_broadcast_over_gloo():
     """The NCCL code path, run over gloo between two CPU processes (mixed dtypes, >1 bucket)."""
-    port = str(_free_port())
+    port = str(free_port("127.0.0.1"))
     procs = [subprocess.Popen([sys.executable, "-c", WORKER], env={
         **os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": "2",
         "RANK": str(r)}) for r in range(2)]

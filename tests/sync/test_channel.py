@@ -11,7 +11,8 @@ import torch.multiprocessing as mp
 
 from compassplay.config import ConfigError, load_config
 from compassplay.engines.base import StaleWeightsError
-from compassplay.sync.channel import NcclChannel, check_weight_sync, free_port
+from compassplay.engines.dist import free_port
+from compassplay.sync.channel import NcclChannel, check_weight_sync
 from compassplay.workers.versioned import Versioned
 
 # 1 KiB buckets: several buckets per send, tensors at odd byte offsets inside a bucket
