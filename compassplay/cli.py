@@ -29,6 +29,9 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                    help="local: one process, synchronous; ray: actors (default)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR",
                    help="continue the run in RUN_DIR from its latest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in run.output_dir/run.name (by default a new run "
+                        "whose directory exists goes to NAME-2, NAME-3, ...)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides")
 
 
@@ -118,7 +121,12 @@ def _run(args: argparse.Namespace) -> int:
         config_path = "default"  # the shipped default (compassplay/configs/default.yaml)
     cfg = load_config(config_path, args.overrides)
     logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
-    run_dir = launch_run(cfg, executor=args.executor, resume=args.resume)
+    if args.resume and args.overwrite:
+        print("error: --resume continues a run and --overwrite replaces one: give one of them",
+              file=sys.stderr)
+        return 2
+    run_dir = launch_run(cfg, executor=args.executor, resume=args.resume,
+                         overwrite=args.overwrite)
     print(f"run finished: {run_dir}")
     print(_summary_text(run_dir))
     return 0

@@ -8,17 +8,20 @@ Layout of ``run_dir/checkpoints/step_{step:06d}/``::
     state.json      the caller's JSON-able run state (task buffers, step, metrics.jsonl lines)
     rng.json        python `random` and numpy global RNG states
     torch_rng.bin   torch CPU RNG state (raw bytes); cuda_rng.bin per device when CUDA is used
-    COMPLETE        manifest: step, sha256 and size of every other file. Written last.
+    COMPLETE        manifest: step, the run's id (`run.json`, see `run.rundir`), sha256 and
+                    size of every other file. Written last.
 
 A checkpoint is written into a hidden temp dir, fsynced, then renamed into place, so a crash
 leaves either no `step_*` dir or a complete one; `latest_checkpoint` also ignores any dir
-without a readable COMPLETE manifest. No pickle: everything loads without executing code
+without a readable COMPLETE manifest, and any whose run id is not the run directory's (a
+checkpoint never loads into another run). No pickle: everything loads without executing code
 (torch files with ``weights_only=True``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -28,6 +31,9 @@ from typing import Any
 import torch
 
 from compassplay.fileio import fsync_path, sha256_file
+from compassplay.run.rundir import read_run_id
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "COMPLETE"
 _PREFIX = "step_"
@@ -87,7 +93,7 @@ def save_checkpoint(run_dir: str | Path, step: int, learner: Any, state: dict[st
     for name, data in raw.items():
         (tmp / name).write_bytes(data)
     files = sorted(p for p in tmp.rglob("*") if p.is_file())
-    manifest = {"step": step, "files": {str(p.relative_to(tmp)): {
+    manifest = {"step": step, "run_id": read_run_id(run_dir), "files": {str(p.relative_to(tmp)): {
         "sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files}}
     for p in files:
         fsync_path(p)
@@ -114,15 +120,24 @@ def _manifest(path: Path) -> dict[str, Any] | None:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete checkpoints (with a readable manifest), oldest first."""
+    """Complete checkpoints (with a readable manifest) of this run, oldest first: one written
+    by a run of another id (`run.json`) is ignored with a warning."""
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
+    run_id = read_run_id(run_dir)
     found = []
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit() \
-                and _manifest(p) is not None:
-            found.append((int(p.name[len(_PREFIX):]), p))
+        if not (p.is_dir() and p.name.startswith(_PREFIX) and p.name[len(_PREFIX):].isdigit()):
+            continue
+        m = _manifest(p)
+        if m is None:
+            continue
+        if run_id is not None and m.get("run_id") not in (None, run_id):
+            log.warning("%s belongs to another run (run id %s, this run %s): ignored",
+                        p, m.get("run_id"), run_id)
+            continue
+        found.append((int(p.name[len(_PREFIX):]), p))
     return [p for _, p in sorted(found)]
 
 
@@ -133,8 +148,8 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints, and stale temp/incomplete
-    dirs older than the newest complete one. Returns what was removed."""
+    """Delete all but the newest `keep_last` complete checkpoints of this run, and stale
+    temp/incomplete dirs older than the newest complete one. Returns what was removed."""
     root = Path(run_dir) / "checkpoints"
     ckpts = list_checkpoints(run_dir)
     doomed = ckpts[:-keep_last] if keep_last > 0 else ckpts
@@ -142,6 +157,7 @@ def prune_checkpoints(run_dir: str | Path, keep_last: int) -> list[Path]:
         newest = ckpts[-1].stat().st_mtime
         doomed += [p for p in root.iterdir() if p.is_dir() and p not in ckpts
                    and (p.name.startswith((".tmp-", ".old-", _PREFIX)))
+                   and _manifest(p) is None  # another run's complete checkpoint stays
                    and p.stat().st_mtime < newest]
     for p in doomed:
         shutil.rmtree(p, ignore_errors=True)

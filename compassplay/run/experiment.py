@@ -177,7 +177,8 @@ def _earlier_runs(path: Path) -> dict[tuple[str, int], dict]:
 
 def _run_one(base: str, overrides: list[str], log_path: Path, timeout_s: float) -> str:
     """One run in a subprocess, its output to `log_path`; 'ok', 'failed (exit N)', 'timeout'."""
-    cmd = [sys.executable, "-m", "compassplay.cli", "run", "--executor", "local",
+    # a run directory without summary.json is an interrupted run of this arm: start it again
+    cmd = [sys.executable, "-m", "compassplay.cli", "run", "--executor", "local", "--overwrite",
            "--config", base, *overrides]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("w") as out:

@@ -10,6 +10,7 @@ from compassplay.config import RunConfig
 from compassplay.models.bootstrap import prepare_bootstrap
 from compassplay.models.loading import prepare_model
 from compassplay.run.interrupt import StopRequest, graceful_stop, interrupted
+from compassplay.run.rundir import claim_run_dir, open_run_dir
 from compassplay.run.runlog import run_dir_for
 
 log = logging.getLogger(__name__)
@@ -21,13 +22,22 @@ def resume_command(run_dir: Path, executor: str) -> str:
     return f"compassplay run{flag} --resume {shlex.quote(str(run_dir))}"
 
 
-def launch_run(cfg: RunConfig, executor: str = "ray", resume: str | None = None) -> Path:
+def launch_run(cfg: RunConfig, executor: str = "ray", resume: str | None = None,
+               overwrite: bool = False) -> Path:
     """Run `cfg` to completion; returns the run directory (metrics.jsonl, config, log).
 
-    The model is prepared here, once, before any role starts (a first run converts and caches
-    SmolLM2 in the driver instead of in every actor). Ctrl-C stops the run cleanly (see
+    A new run gets a directory of its own (`run.rundir`: `runs/NAME`, or `runs/NAME-2`, ...
+    when that holds another run; `overwrite` empties `runs/NAME` instead); `resume` continues
+    the run in that directory. The run's name becomes its directory's name. The model is
+    prepared here, once, before any role starts (a first run converts and caches SmolLM2 in
+    the driver instead of in every actor). Ctrl-C stops the run cleanly (see
     `compassplay.run.interrupt`) and raises RunInterrupted naming the resume command."""
-    run_dir = Path(resume) if resume else run_dir_for(cfg)
+    if resume:
+        run_dir = open_run_dir(resume)
+    else:
+        run_dir = claim_run_dir(run_dir_for(cfg), overwrite=overwrite)
+        cfg.run.name = run_dir.name
+    log.info("run directory: %s", run_dir)
     hint = resume_command(run_dir, executor)
     with graceful_stop(hint) as stop:
         try:

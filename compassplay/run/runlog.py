@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from compassplay.config import RunConfig, dump_config
+from compassplay.errors import RunError
 from compassplay.records import StepStats
 
 METRICS_FILE = "metrics.jsonl"
@@ -34,6 +35,9 @@ class RunLog:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / METRICS_FILE
         if not resume:
+            if self.metrics_path.is_file() and self.metrics_path.stat().st_size > 0:
+                raise RunError(f"{self.run_dir} holds another run's {METRICS_FILE}: a new run "
+                               "never writes into it (resume it, or start in a fresh directory)")
             self.metrics_path.write_text("")
         (self.run_dir / CONFIG_FILE).write_text(dump_config(cfg))
         self._handler = logging.FileHandler(self.run_dir / LOG_FILE)
