@@ -32,6 +32,10 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run in run.output_dir/run.name (by default a new run "
                         "whose directory exists goes to NAME-2, NAME-3, ...)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="build everything the run builds except the models (config, "
+                        "environment, rewards, reference and held-out sets, resource plan), "
+                        "print it and exit: 0, or 2 naming the field at fault")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides")
 
 
@@ -121,6 +125,12 @@ def _run(args: argparse.Namespace) -> int:
         config_path = "default"  # the shipped default (compassplay/configs/default.yaml)
     cfg = load_config(config_path, args.overrides)
     logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
+    if args.dry_run:
+        from compassplay.run.dry_run import dry_run
+
+        print(json.dumps(dry_run(cfg, args.executor), indent=1))
+        print(f"dry run of {config_path}: everything but the models builds")
+        return 0
     if args.resume and args.overwrite:
         print("error: --resume continues a run and --overwrite replaces one: give one of them",
               file=sys.stderr)

@@ -2,14 +2,16 @@
 `compassplay.rewards.reference_set` loads) sampled from MATH-style problems with worked solutions.
 
     compassplay reference build --from math_solutions.jsonl --n 32 --seed 0 \\
-        [--levels 1,2,3] [--subjects Prealgebra,Geometry] --out ref.jsonl
+        [--levels 1,2,3] [--subjects Prealgebra,Geometry] [--exclude ref.jsonl] --out ref.jsonl
     compassplay reference build --hub EleutherAI/hendrycks_math --hub-config algebra \\
         --split train --n 32 --out ref.jsonl        (needs `datasets` and hub access)
 
 Source rows need "problem" and "solution" (the gold worked solution); "level" ("Level 3" or
 3) and "subject" (or MATH's "type") are used by the filters. MATH500 problems are always
 dropped (matched by a hash of the whitespace-normalized problem text, shipped in
-compassplay/data/math500_problem_hashes.txt), so a reference set never overlaps that benchmark.
+compassplay/data/math500_problem_hashes.txt), so a reference set never overlaps that benchmark;
+`--exclude FILE` (repeatable) drops the prompts of other {prompt, solution} files too, e.g. to
+draw SOAR's held-out problems disjoint from a reference set.
 """
 
 from __future__ import annotations
@@ -71,13 +73,28 @@ def _subject(row: dict) -> str:
     return str(row.get("subject") or row.get("type") or "").strip().lower()
 
 
+def excluded_hashes(paths: list[str | Path]) -> set[str]:
+    """Problem hashes of the prompts of {prompt, ...} jsonl files (`--exclude`)."""
+    out = set()
+    for path in paths:
+        if not Path(path).is_file():
+            raise SourceError(f"--exclude: file not found: {path}")
+        for line in Path(path).read_text().splitlines():
+            if line.strip():
+                out.add(problem_hash(json.loads(line)["prompt"]))
+    return out
+
+
 def select(rows: list[dict], n: int, seed: int, levels: list[str] | None = None,
-           subjects: list[str] | None = None) -> tuple[list[dict], dict[str, int]]:
-    """(n rows drawn with `seed` after the filters, counts of what was dropped and why)."""
+           subjects: list[str] | None = None,
+           exclude: set[str] | None = None) -> tuple[list[dict], dict[str, int]]:
+    """(n rows drawn with `seed` after the filters, counts of what was dropped and why);
+    `exclude`: problem hashes to drop besides MATH500's."""
     banned = math500_hashes()
+    exclude = exclude or set()
     wanted_levels = {re.sub(r"\D", "", lv) for lv in levels} if levels else None
     wanted_subjects = {s.strip().lower() for s in subjects} if subjects else None
-    dropped = {"math500": 0, "filtered": 0, "malformed": 0}
+    dropped = {"math500": 0, "excluded": 0, "filtered": 0, "malformed": 0}
     pool = []
     for r in rows:
         if not (isinstance(r.get("problem"), str) and isinstance(r.get("solution"), str)
@@ -85,6 +102,8 @@ def select(rows: list[dict], n: int, seed: int, levels: list[str] | None = None,
             dropped["malformed"] += 1
         elif problem_hash(r["problem"]) in banned:
             dropped["math500"] += 1
+        elif problem_hash(r["problem"]) in exclude:
+            dropped["excluded"] += 1
         elif (wanted_levels and _level(r) not in wanted_levels) or \
                 (wanted_subjects and _subject(r) not in wanted_subjects):
             dropped["filtered"] += 1
@@ -119,6 +138,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--levels", default=None, help="comma list, e.g. 1,2,3 or 'Level 2'")
     p.add_argument("--subjects", default=None, help="comma list, e.g. Prealgebra,Geometry")
+    p.add_argument("--exclude", action="append", default=[], metavar="FILE",
+                   help="a {prompt, solution} jsonl whose problems are left out (repeatable)")
     p.add_argument("--out", required=True)
 
 
@@ -131,7 +152,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         rows = read_file(args.source) if args.source else \
             read_hub(args.hub, args.hub_config, args.split)
-        chosen, dropped = select(rows, args.n, args.seed, _csv(args.levels), _csv(args.subjects))
+        chosen, dropped = select(rows, args.n, args.seed, _csv(args.levels), _csv(args.subjects),
+                                 excluded_hashes(args.exclude))
     except SourceError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -72,34 +72,46 @@ def seed_heldout(env: Environment, tokenizer, cfg: RunConfig) -> list[HeldOutIte
     return items
 
 
-def jsonl_heldout(path: str, tokenizer, max_items: int) -> list[HeldOutItem]:
-    """Held-out problems from a {prompt, solution[, answer]} jsonl (bare name: compassplay/data)."""
+def heldout_rows(path: str, max_items: int) -> list[tuple[str, str, str]]:
+    """(prompt, solution, gold answer) of the first `max_items` problems of a {prompt,
+    solution[, answer]} jsonl (bare name: compassplay/data); ConfigError naming the file."""
     p = Path(path)
     if not p.is_file() and p.parent == Path(".") and (SHIPPED_REFERENCE.parent / p).is_file():
         p = SHIPPED_REFERENCE.parent / p
     if not p.is_file():
         raise ConfigError(f"reward.soar_heldout: file not found: {p}")
-    items = []
+    rows = []
     for lineno, line in enumerate(p.read_text().splitlines(), start=1):
         if not line.strip():
             continue
-        obj = json.loads(line)
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{p}:{lineno}: not JSON ({exc})") from None
         if not isinstance(obj, dict) or not all(
                 isinstance(obj.get(k), str) and obj[k].strip() for k in ("prompt", "solution")):
             raise ConfigError(f"{p}:{lineno}: expected an object with non-empty prompt, solution")
         gold = _norm(str(obj["answer"])) if obj.get("answer") is not None else \
             final_answer(obj["solution"])
+        rows.append((obj["prompt"], obj["solution"], gold))
+        if len(rows) >= max_items:
+            break
+    if not rows:
+        raise ConfigError(f"{p}: the held-out set is empty")
+    return rows
+
+
+def jsonl_heldout(path: str, tokenizer, max_items: int) -> list[HeldOutItem]:
+    """Held-out problems from a {prompt, solution[, answer]} jsonl (see `heldout_rows`)."""
+    items = []
+    for prompt, solution, gold in heldout_rows(path, max_items):
 
         def grade(ids: list[int], gold=gold) -> bool:
             return bool(gold) and final_answer(
                 tokenizer.decode(ids, skip_special_tokens=True)) == gold
 
-        items.append(HeldOutItem(Example(chat_ids(tokenizer, obj["prompt"]),
-                                         target_ids(tokenizer, obj["solution"])), grade))
-        if len(items) >= max_items:
-            break
-    if not items:
-        raise ConfigError(f"{p}: the held-out set is empty")
+        items.append(HeldOutItem(Example(chat_ids(tokenizer, prompt),
+                                         target_ids(tokenizer, solution)), grade))
     return items
 
 

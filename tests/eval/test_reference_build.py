@@ -80,3 +80,21 @@ def test_build_from_the_shipped_solutions(shared, tmp_path):
     m500 = shared("math500.json")
     banned = {p["problem"].strip() for p in json.loads(m500.read_text())}
     assert not banned & {i.prompt for i in items}
+
+
+def test_exclude_draws_a_set_disjoint_from_another(source, tmp_path, capsys):
+    first = tmp_path / "ref.jsonl"
+    assert main(["reference", "build", "--from", str(source), "--n", "30", "--out",
+                 str(first)]) == 0
+    held = tmp_path / "held.jsonl"
+    assert main(["reference", "build", "--from", str(source), "--n", "10", "--exclude",
+                 str(first), "--out", str(held)]) == 0
+    assert "excluded: 30" in capsys.readouterr().out
+    a = {it.prompt for it in load_reference(first)}
+    b = {it.prompt for it in load_reference(held)}
+    assert len(b) == 10 and not a & b
+    assert main(["reference", "build", "--from", str(source), "--n", "11", "--exclude",
+                 str(first), "--out", str(held)]) == 1  # only 10 are left
+    assert main(["reference", "build", "--from", str(source), "--n", "1", "--exclude",
+                 str(tmp_path / "none.jsonl"), "--out", str(held)]) == 1
+    assert "--exclude: file not found" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from compassplay.config import TaskSection
+from compassplay.config import ConfigError, TaskSection
 from compassplay.engines.base import Segment
 from compassplay.envs.code import code_prompts as prompts
 from compassplay.envs.code.code_buffer import Strategy, TaskBuffer
@@ -68,8 +68,10 @@ class CodeEnvironment(Environment):
         if heldout:  # SOAR's held-out problems: the last io seeds, never in the buffer
             io = [t for t in seeds if t.task_type != "induction"]
             if heldout >= len(io):
-                raise ValueError(f"cannot hold out {heldout} of {len(io)} deduction/abduction "
-                                 "seed tasks (reward.soar_heldout_items)")
+                raise ConfigError(f"reward.soar_heldout_items={heldout}: cannot hold out "
+                                  f"{heldout} of the {len(io)} deduction/abduction seed tasks "
+                                  f"of {cfg.seed_file} (lower it, or set reward.soar_heldout "
+                                  "to a jsonl of held-out problems)")
             self.heldout = io[-heldout:]
             kept = {t.task_id for t in io[:-heldout]} | {
                 t.task_id for t in seeds if t.task_type == "induction"}
