@@ -10,7 +10,10 @@ Tables follow the paper: per benchmark, each run's mean accuracy over the final 
 training (eval records with step >= 3/4 of the run's last step), then the mean over the arm's
 runs (seeds) +- the sample s.d.; a domain Mean column (the mean of the run's benchmarks, then
 over seeds); a "Base model" row from step-0 evaluations when there are any; and the gain of
-each arm over the `--baseline` arm. Arms: see `compassplay.eval.report_data`.
+each arm over the `--baseline` arm. Each arm is also compared with the baseline paired by seed
+(`compassplay.eval.paired`: per-seed differences, a bootstrap interval, a sign-flip p and the
+smallest p its number of seeds allows), on every benchmark, the Mean and every logged curve.
+Arms: see `compassplay.eval.report_data`.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 
 from compassplay.eval.benchmarks import BENCHMARKS
 from compassplay.eval.eval_records import CURVE_FIELDS
+from compassplay.eval.paired import paired_diff
 from compassplay.eval.report_data import FINAL_FRACTION, Run, Stat, group_runs, load_run, stat
 
 DOMAIN_TITLES = {"code": "In-domain coding accuracy (%)",
@@ -155,6 +159,54 @@ def _curves_section(arms: dict[str, list[Run]]) -> tuple[list[str], dict]:
     return lines + [""], numbers
 
 
+def _final_curve(run: Run, key: str) -> float | None:
+    pts = [v for s, v in run.series(key) if s >= run.window_start()]
+    return sum(pts) / len(pts) if pts else None
+
+
+def _final_mean(run: Run, bs: list[str]) -> float | None:
+    vals = [run.final_quarter(b) for b in bs]
+    return sum(vals) / len(vals) if vals and all(v is not None for v in vals) else None
+
+
+def per_seed(runs: list[Run], value) -> dict[int, float]:
+    """seed -> value(run) over the runs with a seed and a value."""
+    return {r.seed: v for r in runs if r.seed is not None and (v := value(r)) is not None}
+
+
+def paired_section(arms: dict[str, list[Run]], baseline: str | None,
+                   benchmarks: list[str]) -> tuple[list[str], dict]:
+    """Every arm minus the baseline, paired by seed: final-quarter accuracy per benchmark (and
+    their Mean) and each logged curve field."""
+    if baseline is None or baseline not in arms:
+        return [], {}
+    metrics: dict = {b: (lambda r, b=b: r.final_quarter(b)) for b in benchmarks}
+    if benchmarks:
+        metrics["Mean"] = lambda r: _final_mean(r, benchmarks)
+    metrics.update({k: (lambda r, k=k: _final_curve(r, k)) for k in CURVE_FIELDS})
+    lines = [f"## Paired by seed: each arm minus {baseline}", "",
+             "Per seed both arms ran: the difference of their final-quarter values; mean, 95% "
+             "bootstrap interval over seeds, two-sided sign-flip p, and the smallest p that "
+             "number of seeds can give (with 3 seeds 0.25: no effect can be significant).", "",
+             "| Arm | Metric | Difference |", "| --- | --- | --- |"]
+    numbers: dict = {}
+    for arm, runs in arms.items():
+        if arm == baseline:
+            continue
+        for name, value in metrics.items():
+            d = paired_diff(per_seed(runs, value), per_seed(arms[baseline], value))
+            if d is None:
+                continue
+            numbers.setdefault(arm, {})[name] = d.as_dict()
+            scale, digits = (100.0, 2) if name in benchmarks or name == "Mean" else (1.0, 4)
+            lines.append(f"| {arm} | {name}{' (%)' if scale == 100.0 else ''} | "
+                         f"{d.text(scale, digits)} |")
+    if not numbers:
+        return [f"## Paired by seed: each arm minus {baseline}", "",
+                "_no arm shares a seed with the baseline_", ""], {}
+    return lines + [""], numbers
+
+
 def _cell4(s: Stat | None) -> str:
     if s is None:
         return "-"
@@ -196,6 +248,8 @@ def build_report(run_dirs: list[str], out: str | Path, baseline: str | None = No
     md += _reward_section(arms)
     curve_lines, summary["curves"] = _curves_section(arms)
     md += curve_lines
+    paired_lines, summary["paired"] = paired_section(arms, baseline, benchmarks)
+    md += paired_lines
     figures = [
         ("Accuracy against step", report_plots.accuracy_vs_step(
             arms, [b for bs in domains.values() for b in bs], out / "accuracy_vs_step.png")),

@@ -119,21 +119,6 @@ def rerun_command(args: argparse.Namespace) -> str:
     return " ".join(parts)
 
 
-def _gap(arm: dict | None, base: dict | None) -> str:
-    """'arm - baseline = d (s.d. a / b): outside|within one s.d.' for {mean, sd} entries."""
-    if not arm or not base:
-        return "not logged"
-    d = arm["mean"] - base["mean"]
-    sds = [e.get("sd") for e in (arm, base)]
-    if all(v is None for v in sds):
-        return f"{arm['mean']:.4f} vs {base['mean']:.4f}: {d:+.4f} (one seed: no spread)"
-    spread = max(v or 0.0 for v in sds)
-    where = "outside" if abs(d) > spread else "within"
-    shown = " / ".join("-" if v is None else f"{v:.4f}" for v in sds)
-    return (f"{arm['mean']:.4f} vs {base['mean']:.4f}: {d:+.4f} (s.d. {shown}; {where} one "
-            "s.d.)")
-
-
 def findings(args: argparse.Namespace, exp: Experiment, record: dict, summary: dict,
              planned: int) -> list[str]:
     """The experiment's section of report.md: the question, how to rerun it, and each arm
@@ -146,24 +131,18 @@ def findings(args: argparse.Namespace, exp: Experiment, record: dict, summary: d
     base = summary.get("baseline")
     if base is None:
         return lines + ["No baseline run finished: no comparison.", ""]
-    lines += [f"Each arm against {base} (final-quarter means over seeds; a difference counts "
-              "only outside one s.d. across seeds):", ""]
-    curves = summary.get("curves", {})
-    held = {arm: _as_stat(row.get("Mean")) for dom in summary.get("tables", {}).values()
-            for arm, row in dom.items() if isinstance(row, dict)}
-    for arm in summary.get("arms", {}):
-        if arm == base:
-            continue
-        parts = [f"{k}: {_gap(curves.get(arm, {}).get(k), curves.get(base, {}).get(k))}"
-                 for k in curves.get(base, {})]
-        if held:
-            parts.append(f"held-out accuracy: {_gap(held.get(arm), held.get(base))}")
-        lines.append(f"- {arm}: " + "; ".join(parts))
+    lines += [f"Each arm minus {base}, paired by seed (final-quarter values; mean, 95% "
+              "bootstrap interval over seeds, sign-flip p and the smallest p the number of "
+              "seeds allows, which bounds what this experiment can detect):", ""]
+    for arm, metrics in summary.get("paired", {}).items():
+        parts = [f"{k}: {_paired_text(v)}" for k, v in metrics.items()]
+        lines.append(f"- {arm}: " + ("; ".join(parts) if parts else "nothing logged in common"))
     return lines + [""]
 
 
-def _as_stat(entry: object) -> dict | None:
-    return entry if isinstance(entry, dict) and "mean" in entry else None
+def _paired_text(d: dict) -> str:
+    return (f"{d['mean']:+.4f} [{d['ci_low']:+.4f}, {d['ci_high']:+.4f}], p={d['p']:.3g} "
+            f"(n={d['n']}, min p {d['min_p']:.3g})")
 
 
 def _earlier_runs(path: Path) -> dict[tuple[str, int], dict]:

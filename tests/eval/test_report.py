@@ -35,6 +35,11 @@ def test_report_tables_gains_and_figures(tmp_path):
     assert set(summary["tables"]) == {"code", "math"}
     md = (out / "report.md").read_text()
     assert "| Gain of cos over azr |" in md and "Out-of-domain mathematics" in md
+    # paired by seed (seeds 1 and 2 in both arms): the same seed noise cancels, +0.02 each
+    paired = summary["paired"]["cos"]["cruxeval-o"]
+    assert paired["seeds"] == [1, 2] and paired["mean"] == pytest.approx(0.02)
+    assert paired["ci_low"] == pytest.approx(0.02) and paired["p"] == 0.5
+    assert paired["min_p"] == 0.5 and "## Paired by seed: each arm minus azr" in md
     # curves: final quarter (steps 6-8) of reference_loss = 2.0 - 0.02 - 0.01 s, per run
     curves = summary["curves"]
     assert curves["cos"]["reference_loss"]["mean"] == pytest.approx(2.0 - 0.02 - 0.07)

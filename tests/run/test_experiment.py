@@ -7,7 +7,7 @@ import json
 import pytest
 
 from compassplay.cli import main
-from compassplay.run.experiment import EXPERIMENTS, _gap
+from compassplay.run.experiment import EXPERIMENTS
 
 
 @pytest.mark.parametrize("name", sorted(EXPERIMENTS))
@@ -47,16 +47,9 @@ def test_experiment_runs_every_arm_reports_and_keeps_finished_runs(tmp_path):
     assert "curves.png" in summary["figures"].values()
     md = (out / "report" / "report.md").read_text()
     assert "## Experiment" in md and "compassplay experiment local-reference --out" in md
-    assert "- cos_novelty: reference_loss: " in md and "one seed: no spread" in md
+    assert "- cos_novelty: reference_loss: " in md and "(n=1, min p 1)" in md
+    assert summary["paired"]["cos_novelty"]["reference_loss"]["n"] == 1
     assert main(args) == 0  # a second call keeps the finished runs
     again = json.loads((out / "experiment.json").read_text())
     assert {r["status"] for r in again["runs"]} == {"kept"}
     assert [r["wall_s"] for r in again["runs"]] == [r["wall_s"] for r in record["runs"]]
-
-
-def test_gap_says_whether_a_difference_is_outside_the_seed_spread():
-    base = {"mean": 1.0, "sd": 0.1}
-    assert "outside one s.d." in _gap({"mean": 1.3, "sd": 0.05}, base)
-    assert "within one s.d." in _gap({"mean": 1.05, "sd": 0.0}, base)
-    assert "one seed: no spread" in _gap({"mean": 2.0, "sd": None}, {"mean": 1.0, "sd": None})
-    assert _gap(None, base) == "not logged"
