@@ -71,7 +71,11 @@ EXPERIMENTS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", choices=sorted(EXPERIMENTS))
+    from compassplay.run import utility_experiment
+
+    p.add_argument("name", choices=sorted([*EXPERIMENTS, "utility"]),
+                   help="a comparison of arms, or 'utility' (does the cosine rank candidates "
+                        "by how much a step on them teaches; `run.utility_experiment`)")
     p.add_argument("--out", required=True, help="experiment folder (runs/, logs/, report/)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=12, help="self-play steps per run")
@@ -86,6 +90,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "print the commands; run nothing")
     p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
                    metavar="KEY=VALUE", help="config overrides applied to every arm")
+    utility_experiment.add_arguments(p)
 
 
 def held_out_benchmark(data_dir: str) -> str:
@@ -174,6 +179,10 @@ def _run_one(base: str, overrides: list[str], log_path: Path, timeout_s: float) 
 def run(args: argparse.Namespace) -> int:
     from compassplay.eval.report import build_report
 
+    if args.name == "utility":
+        from compassplay.run.utility_experiment import run_utility
+
+        return run_utility(args)
     exp = EXPERIMENTS[args.name]
     base = args.base or exp.base
     plan = run_plan(args)

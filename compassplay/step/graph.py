@@ -100,12 +100,18 @@ Snapshot = tuple[Any, list]  # (version handle, [state handle]) of one role's we
 
 
 def submit_step(step: int, dispatch: Dispatch, weights: dict[str, Snapshot],
-                checkpoint: bool, domain: str = "code") -> dict[str, Any]:
+                checkpoint: bool, domain: str = "code",
+                stop_after: str | None = None) -> dict[str, Any]:
     """Submit every stage of `step` in order; returns the handle(s) of each stage's output
     (a list for fan-out stages). `weights[role]` is what the version gate allows; stages of
-    another `task.domain` are skipped (their output is None)."""
+    another `task.domain` are skipped (their output is None). `stop_after`: the last stage
+    to submit (e.g. "candidates": a rollout that scores and learns nothing)."""
+    if stop_after is not None and stop_after not in {st.name for st in STEP}:
+        raise ValueError(f"stop_after={stop_after!r} is not a stage of the step")
     out: dict[str, Any] = {}
     for st in STEP:
+        if out and stop_after in out:
+            break
         if (st.checkpoint_only and not checkpoint) or (st.domain and st.domain != domain):
             out[st.name] = None
             continue
