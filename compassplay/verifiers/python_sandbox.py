@@ -32,7 +32,7 @@ from compassplay.verifiers import isolation
 from compassplay.verifiers.isolation import UNSAFE_OPT_OUT, SandboxUnavailableError
 from compassplay.verifiers.sandbox_cgroup import CgroupMemory
 from compassplay.verifiers.sandbox_stats import SandboxStats
-from compassplay.verifiers.worker_handle import WorkerDied, WorkerHandle
+from compassplay.verifiers.worker_handle import WorkerDied, WorkerHandle, WorkerRetired
 
 __all__ = ["ExecResult", "PythonSandbox", "SandboxUnavailableError", "UNSAFE_OPT_OUT"]
 
@@ -268,6 +268,14 @@ class PythonSandbox:
                 begin = max(sent, last)
                 try:
                     reply = handle.recv(begin + timeout + self.host_grace_s)
+                except WorkerRetired:  # it ran none of these: a fresh worker runs them
+                    jobs.extendleft(reversed([i] + [j for j, _ in inflight]))
+                    inflight.clear()
+                    handle = self._ensure_quiet(gen, slot)  # killed: restarts
+                    if handle is None:
+                        return
+                    last = time.monotonic()
+                    continue
                 except WorkerDied as exc:
                     now = time.monotonic()
                     status = "timeout" if now - begin >= timeout else "killed"

@@ -27,7 +27,6 @@ import os
 import resource
 import select
 import signal
-import stat
 import struct
 import sys
 import time
@@ -35,15 +34,19 @@ import time
 try:  # inside the sandbox: preloaded by the bootstrap under their bare names
     import sandbox_child  # type: ignore[import-not-found]
     import sandbox_proto  # type: ignore[import-not-found]
+    import sandbox_scratch  # type: ignore[import-not-found]
 except ImportError:  # imported on the host
-    from compassplay.verifiers import sandbox_child, sandbox_proto
+    from compassplay.verifiers import sandbox_child, sandbox_proto, sandbox_scratch
 
 STATUSES = sandbox_proto.STATUSES
 REQ_HEAD = sandbox_proto.REQ_HEAD
 REPLY_HEAD = sandbox_proto.REPLY_HEAD
 HELLO = sandbox_proto.HELLO
-SCRATCH_ROOT = "/tmp"
-WIPE_DIRS = ("/tmp", "/dev/shm")
+RETIRE = sandbox_proto.RETIRE
+ROOTS = ("/tmp", "/dev/shm")  # the sandbox's only writable places (scratch is /tmp/work)
+# The zygote's own limits, which every run inherits: a change means the worker must retire.
+OWN_LIMITS = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NOFILE",
+              "RLIMIT_NPROC", "RLIMIT_STACK", "RLIMIT_MEMLOCK", "RLIMIT_CORE")
 WATCHDOG_EVERY_S = 0.05
 FAST_WAIT_MS = 20  # first wait on the child's exit alone (below the watchdog's first check)
 PEAK_MEMORY_FRACTION = 0.75  # a failed run whose kernel-measured peak RSS reached this is "memory"
@@ -60,8 +63,8 @@ class Zygote:
         self.setuid = bool(cfg.get("setuid", self.isolated))
         self.uid = int(cfg.get("uid", -1)) if self.setuid else os.getuid()
         self.gid = int(cfg.get("gid", -1)) if self.setuid else os.getgid()
-        self.scratch_root = cfg.get("scratch_root") or SCRATCH_ROOT
-        self.scratch = os.path.join(self.scratch_root, "work")
+        roots = ROOTS if self.isolated else (cfg["scratch_root"],)
+        self.scratch = os.path.join(roots[0], "work")
         self.nproc = int(cfg.get("nproc", 32))
         self.fsize = int(cfg.get("fsize_mb", 16)) * 1024 * 1024
         self.nofile = int(cfg.get("nofile", 256))
@@ -106,8 +109,12 @@ class Zygote:
         sandbox_child.warm_up(self.stdio)  # before the freeze: ~15 fewer child page faults a run
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
         self._poller = select.poll()
-        self._scratch_clean = False
-        self._wipe()
+        self.state = sandbox_scratch.Scratch(roots, self.uid if self.setuid else None, self.gid,
+                                             count_bytes=self.isolated)
+        if not self.state.fresh:
+            raise SystemExit(f"cannot prepare the sandbox's scratch space under {roots}")
+        self.own_limits = self._own_limits()
+        self.healthy = True
         gc.collect()
         gc.freeze()  # the child's collections never walk (and copy) the zygote's pages
         try:  # hand freed heap back: fewer resident pages for every fork to map and copy
@@ -119,7 +126,6 @@ class Zygote:
     def run(self, body: bytes) -> bytes:
         timeout, mem_mb, limit = REQ_HEAD.unpack_from(body, 1)
         code = body[1 + REQ_HEAD.size:]
-        self._prepare_scratch()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         start = time.monotonic()
@@ -139,7 +145,7 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
         duration = time.monotonic() - start
-        self._wipe_if_dirty()
+        self.healthy = self.state.reset() and self._own_limits() == self.own_limits
         head = REPLY_HEAD.pack(STATUSES.index(status), exit_code is not None,
                                exit_code or 0, duration, cpu_s, peak_kb / 1024, len(out), len(err))
         return head + out + err
@@ -190,7 +196,7 @@ class Zygote:
                     break
                 if self.isolated and reaped is None and now >= next_mem_check:
                     next_mem_check = now + WATCHDOG_EVERY_S
-                    if self._run_memory() > mem_cap:
+                    if self._run_memory() + self.state.held_bytes() > mem_cap:
                         verdict = "memory"
                         break
         finally:
@@ -215,7 +221,9 @@ class Zygote:
         exit_code: int | None = None
         if verdict is None:  # the program ended on its own: the kernel says how
             exit_code = os.waitstatus_to_exitcode(wstatus)
-            if exit_code == 0:
+            if peak_kb * 1024 + self.state.held_bytes() > mem_cap:
+                verdict = "memory"  # its peak RSS and the tmpfs files it left exceed the limit
+            elif exit_code == 0:
                 verdict = "ok"
             elif peak_kb * 1024 >= PEAK_MEMORY_FRACTION * mem_cap:
                 verdict = "memory"  # it failed after really holding most of its memory
@@ -256,72 +264,9 @@ class Zygote:
             if children:
                 time.sleep(0.0005)
 
-    # ---------------------------------------------------------------- scratch
-    def _prepare_scratch(self) -> None:
-        if self._scratch_clean:
-            return
-        try:
-            os.mkdir(self.scratch, 0o700)
-        except FileExistsError:
-            self._wipe()
-            os.mkdir(self.scratch, 0o700)
-        if self.setuid:
-            os.chown(self.scratch, self.uid, self.gid)
-        self._scratch_clean = True
-
-    def _wipe_if_dirty(self) -> None:
-        """Keep an untouched scratch dir (and nothing else in /tmp or /dev/shm) for the next run;
-        otherwise wipe everything."""
-        try:
-            st = os.lstat(self.scratch)
-            clean = (stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
-                     and st.st_uid == self.uid and not os.listdir(self.scratch))
-            if self.isolated:
-                clean = clean and os.listdir("/tmp") == ["work"] and not os.listdir("/dev/shm")
-        except OSError:
-            clean = False
-        self._scratch_clean = clean
-        if not clean:
-            self._wipe()
-
-    def _wipe(self) -> None:
-        for root in WIPE_DIRS if self.isolated else (self.scratch_root,):
-            try:
-                entries = list(os.scandir(root))
-            except OSError:
-                continue
-            for entry in entries:
-                if not self.isolated and entry.name != "work":
-                    continue
-                _remove(entry.path)
-
-
-def _remove(path: str) -> None:
-    """rm -rf that also gets through directories a program locked with chmod 0."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        try:
-            os.chmod(path, 0o700)
-        except OSError:
-            pass
-        try:
-            names = os.listdir(path)
-        except OSError:
-            names = []
-        for name in names:
-            _remove(os.path.join(path, name))
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
-    else:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
+    @staticmethod
+    def _own_limits() -> list[tuple[int, int]]:
+        return [resource.getrlimit(getattr(resource, name)) for name in OWN_LIMITS]
 
 
 def _kill_quiet(pid: int) -> None:
@@ -387,6 +332,9 @@ def main() -> None:
         if body is None or body[:1] == b"X":
             return
         if body[:1] == b"R":
+            if not zygote.healthy:  # an earlier run left state we could not restore
+                proto.write_all(out_fd, proto.frame(RETIRE))
+                return
             proto.write_all(out_fd, proto.frame(zygote.run(body)))
         else:
             proto.write_all(out_fd, proto.frame(b"?"))
