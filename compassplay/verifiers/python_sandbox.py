@@ -79,7 +79,7 @@ class PythonSandbox:
                  max_output_bytes: int = 65536, isolation: str = "bwrap", nproc: int = 32,
                  file_size_mb: int = 16, tmpfs_mb: int = 64, host_grace_s: float = 5.0,
                  hash_seed: int = 0, pipeline_depth: int = 8, rootless_uid: int = 65534,
-                 cgroup_memory: bool = True) -> None:
+                 cgroup_memory: bool = True, wipe_budget_s: float = 1.0) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         _check_mode(isolation)
@@ -95,7 +95,12 @@ class PythonSandbox:
         self.pipeline_depth = max(1, int(pipeline_depth))
         self.rootless_uid = int(rootless_uid)
         self.stats = SandboxStats()
-        self._limits = {"nproc": nproc, "fsize_mb": file_size_mb, "nofile": 256}
+        if not wipe_budget_s >= 0:
+            raise ValueError("wipe_budget_s must be >= 0 seconds")
+        # wipe_budget_s: seconds a zygote may spend removing a run's files; past it the worker
+        # retires and a fresh one takes the next run
+        self._limits = {"nproc": nproc, "fsize_mb": file_size_mb, "nofile": 256,
+                        "wipe_budget_s": float(wipe_budget_s)}
         self._want_cgroup = cgroup_memory and self.mode != UNSAFE_OPT_OUT
         self._cgroup: CgroupMemory | None = None
         self._gens: dict[int, _Generation] = {}

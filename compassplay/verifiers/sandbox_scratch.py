@@ -27,8 +27,9 @@ class Scratch:
     """Resets `roots` and the scratch directory `roots[0]/work` between runs."""
 
     def __init__(self, roots: tuple[str, ...], uid: int | None, gid: int,
-                 count_bytes: bool = True) -> None:
+                 count_bytes: bool = True, wipe_budget_s: float = WIPE_BUDGET_S) -> None:
         self.roots = roots
+        self.wipe_budget_s = wipe_budget_s
         self.path = os.path.join(roots[0], "work")
         self.uid, self.gid = uid, gid
         self.count_bytes = count_bytes
@@ -45,13 +46,13 @@ class Scratch:
 
     def reset(self) -> bool:
         """Empty the roots, restore their attributes, create a fresh scratch dir; False if any
-        of it fails or takes longer than WIPE_BUDGET_S."""
+        of it fails or takes longer than `wipe_budget_s`."""
         try:
             try:
                 os.rmdir(self.path)  # the common case: the run left its scratch dir empty
             except OSError:
                 pass  # gone, not empty, locked or replaced: the full wipe below
-            deadline = time.monotonic() + WIPE_BUDGET_S
+            deadline = time.monotonic() + self.wipe_budget_s
             for root in self.roots:
                 mode, atime, mtime, others = self._saved[root]
                 os.chmod(root, mode)

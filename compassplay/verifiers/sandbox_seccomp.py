@@ -143,7 +143,11 @@ def supported() -> bool:
 
 def build_filter(machine: str | None = None) -> bytes:
     """The raw BPF program (a sequence of struct sock_filter) for `machine` (default: this one)."""
-    nrs = _ARCHES[machine or platform.machine()]
+    machine = machine or platform.machine()
+    if machine not in _ARCHES:
+        raise ValueError(f"no seccomp filter for architecture {machine!r} "
+                         f"(known: {', '.join(sorted(_ARCHES))})")
+    nrs = _ARCHES[machine]
     prog = [
         _insn(_LD_W_ABS, 0, 0, _OFF_ARCH),
         _insn(_JEQ_K, 1, 0, nrs["arch"]),

@@ -109,8 +109,9 @@ class Zygote:
         sandbox_child.warm_up(self.stdio)  # before the freeze: ~15 fewer child page faults a run
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
         self._poller = select.poll()
-        self.state = sandbox_scratch.Scratch(roots, self.uid if self.setuid else None, self.gid,
-                                             count_bytes=self.isolated)
+        self.state = sandbox_scratch.Scratch(
+            roots, self.uid if self.setuid else None, self.gid, count_bytes=self.isolated,
+            wipe_budget_s=float(cfg.get("wipe_budget_s", sandbox_scratch.WIPE_BUDGET_S)))
         if not self.state.fresh:
             raise SystemExit(f"cannot prepare the sandbox's scratch space under {roots}")
         self.own_limits = self._own_limits()
