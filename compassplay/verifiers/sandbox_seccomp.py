@@ -11,8 +11,10 @@ to bottom (first match decides; anything not named is allowed):
 * `SELF_ONLY`: allowed only when the pid-like arguments name the caller itself (pid 0):
   `prlimit64`, `sched_set*`, `setpriority`, `ioprio_set`, `migrate_pages`, `move_pages`. A run
   can change its own limits and scheduling, never the zygote's or another process's.
-* `socketpair`: AF_UNIX stream/seqpacket only (a connected pair, what multiprocessing's pipes use;
-  a datagram pair could `sendto` any socket path).
+* `socketpair`: AF_UNIX stream/seqpacket only (a connected pair, what multiprocessing's pipes and
+  asyncio use; a datagram pair could `sendto` any socket path).
+* `setsockopt`: no SO_SNDBUF/SO_SNDBUFFORCE, so every socket's kernel buffer stays at the default
+  the zygote's watchdog counts per socket (`net.core.wmem_default`).
 * `clone`: no namespace flags; `clone3` (flags in memory) answers ENOSYS so libc falls back.
 
 The zygote installs it on itself once; every run inherits it. Unknown architectures are
@@ -44,6 +46,7 @@ _OFF_ARGS = 16  # args[i] at 16 + 8*i; the low 32 bits come first (little endian
 _AF_UNIX = 1
 _SOCK_DGRAM = 2
 _SOCK_TYPE_MASK = 0xF  # the rest of socketpair's type argument is SOCK_CLOEXEC/SOCK_NONBLOCK
+_SOL_SOCKET, _SO_SNDBUF, _SO_SNDBUFFORCE = 1, 7, 32
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 _CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -56,7 +59,8 @@ _COMMON = {
 }
 _ARCHES: dict[str, dict[str, int]] = {
     "x86_64": {
-        **_COMMON, "arch": 0xC000003E, "socket": 41, "socketpair": 53, "clone": 56,
+        **_COMMON, "arch": 0xC000003E, "socket": 41, "socketpair": 53, "setsockopt": 54,
+        "clone": 56,
         "ptrace": 101, "syslog": 103, "chroot": 161, "mount": 165, "umount2": 166,
         "pivot_root": 155, "unshare": 272, "setns": 308, "bpf": 321, "perf_event_open": 298,
         "userfaultfd": 323, "keyctl": 250, "add_key": 248, "request_key": 249,
@@ -68,7 +72,8 @@ _ARCHES: dict[str, dict[str, int]] = {
         "migrate_pages": 256, "move_pages": 279,
     },
     "aarch64": {
-        **_COMMON, "arch": 0xC00000B7, "socket": 198, "socketpair": 199, "clone": 220,
+        **_COMMON, "arch": 0xC00000B7, "socket": 198, "socketpair": 199, "setsockopt": 208,
+        "clone": 220,
         "ptrace": 117, "syslog": 116, "chroot": 51, "mount": 40, "umount2": 39,
         "pivot_root": 41, "unshare": 97, "setns": 268, "bpf": 280, "perf_event_open": 241,
         "userfaultfd": 282, "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -164,6 +169,10 @@ def build_filter(machine: str | None = None) -> bytes:
         _arg(0), _insn(_JEQ_K, 0, 4, _AF_UNIX),
         _arg(1), _insn(_ALU_AND_K, 0, 0, _SOCK_TYPE_MASK), _insn(_JEQ_K, 1, 0, _SOCK_DGRAM),
         _ret(_RET_ALLOW), _ret(_RET_ERRNO | errno.EACCES)])
+    prog += _rule(nrs["setsockopt"], [  # (fd, level, optname, ...): no larger send buffers
+        _arg(1), _insn(_JEQ_K, 0, 3, _SOL_SOCKET),
+        _arg(2), _insn(_JEQ_K, 2, 0, _SO_SNDBUF), _insn(_JEQ_K, 1, 0, _SO_SNDBUFFORCE),
+        _ret(_RET_ALLOW), _ret(_RET_ERRNO | errno.EPERM)])
     prog += _rule(nrs["clone"], [  # clone(flags, ...): no new namespaces
         _arg(0), _insn(_JSET_K, 0, 1, _CLONE_NS_FLAGS),
         _ret(_RET_ERRNO | errno.EPERM), _ret(_RET_ALLOW)])

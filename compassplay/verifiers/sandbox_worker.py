@@ -108,6 +108,7 @@ class Zygote:
         )
         sandbox_child.warm_up(self.stdio)  # before the freeze: ~15 fewer child page faults a run
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
+        self.socket_bytes = 2 * _read_int("/proc/sys/net/core/wmem_default", 212992)
         self._poller = select.poll()
         self.state = sandbox_scratch.Scratch(
             roots, self.uid if self.setuid else None, self.gid, count_bytes=self.isolated,
@@ -237,14 +238,16 @@ class Zygote:
         return verdict, exit_code, cpu_s, peak_kb, bytes(out), bytes(err)
 
     def _run_memory(self) -> int:
-        """Bytes the run added: anonymous RSS of every process here beyond the zygote's own
-        (read from /proc/<pid>/status, which needs no ptrace access to non-dumpable children)."""
+        """Bytes the run added: anonymous and shared RSS of every process here beyond the
+        zygote's own (read from /proc/<pid>/status, which needs no ptrace access to non-dumpable
+        children), plus `socket_bytes` per unix socket in this network namespace (the most a
+        socket's send buffer, whose size programs cannot raise, holds in the kernel)."""
         total, me = 0, os.getpid()
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) != me:
                 total += max(0, _status_kb(int(name), b"RssAnon:") - self.base_anon_kb)
                 total += _status_kb(int(name), b"RssShmem:")
-        return total * 1024
+        return total * 1024 + _unix_sockets() * self.socket_bytes
 
     def _sweep(self, pid: int, reaped: bool = False) -> None:
         """Kill every process left in the sandbox (or the child's group when not isolated)."""
@@ -297,6 +300,23 @@ def _status_kb(pid: int, key: bytes) -> int:
     except (OSError, IndexError, ValueError):
         pass
     return 0
+
+
+def _read_int(path: str, default: int) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return default
+
+
+def _unix_sockets() -> int:
+    """Unix sockets alive in this network namespace (in a process or in flight)."""
+    try:
+        with open("/proc/net/unix", "rb") as fh:
+            return max(0, fh.read().count(b"\n") - 1)
+    except OSError:
+        return 0
 
 
 def _loopback_down(libc) -> None:

@@ -194,6 +194,16 @@ ATTACKS = [
            TMPFS_FILL + "import time\ntime.sleep(0.5)\nprint('HELD')", HELD_TOO_MUCH),
     Attack("tmpfs_files_plus_rss_at_exit",  # ends before the watchdog's first look
            TMPFS_FILL + "print('HELD')", HELD_TOO_MUCH),
+    Attack("socket_buffers",  # 8 processes x 120 socket pairs with full buffers: ~250 MB of kernel
+           "import os, socket, time\ntry:\n"
+           "    socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2**22)\n"
+           "    print('CHANGED sndbuf')\nexcept OSError:\n    pass\n"
+           "def hold():\n    pairs = []\n    for _ in range(120):\n        a, b = socket.socketpair()\n"
+           "        a.setblocking(False)\n        try:\n            while True:\n"
+           "                a.send(b'x' * 65536)\n        except BlockingIOError:\n            pass\n"
+           "        pairs.append((a, b))\n    return pairs\nfor _ in range(7):\n"
+           "    if os.fork() == 0:\n        p = hold()\n        time.sleep(5)\n        os._exit(0)\n"
+           "p = hold()\ntime.sleep(1)\nprint('HELD')", HELD_TOO_MUCH),
     Attack("write_other_tmpfs",
            "import os\nfor d in ('/run', '/var/tmp', '/dev', '/', '/etc'):\n    try:\n"
            "        open(os.path.join(d, 'leftover'), 'wb').write(b'x' * 2**20)\n"

@@ -90,6 +90,13 @@ def test_sockets_only_a_unix_stream_pair(arch) -> None:
     assert arch("socketpair", 2, 1) == errno_of(errno.EACCES)
 
 
+def test_socket_send_buffers_cannot_grow(arch) -> None:
+    assert arch("setsockopt", 3, 1, 7) == errno_of(errno.EPERM)    # SOL_SOCKET, SO_SNDBUF
+    assert arch("setsockopt", 3, 1, 32) == errno_of(errno.EPERM)   # SO_SNDBUFFORCE
+    assert arch("setsockopt", 3, 1, 2) == ALLOW                    # SO_REUSEADDR
+    assert arch("setsockopt", 3, 6, 7) == ALLOW                    # another level
+
+
 def test_clone_without_namespaces_and_everything_else_allowed(arch) -> None:
     assert arch("clone", 0x11) == ALLOW                      # SIGCHLD: a plain fork
     assert arch("clone", 0x10000000 | 0x11) == errno_of(errno.EPERM)  # CLONE_NEWUSER
