@@ -6,11 +6,16 @@
         a, b = sb.run_many([code, code], hash_seeds=[0, 1])  # two string-hash seeds
 
 Isolation (see `isolation.py` and `sandbox_worker.py`): one bubblewrap sandbox per worker
-(own net/pid/mount/ipc/uts namespaces, read-only host root, tmpfs scratch, cleared env), in root
+(own net/pid/mount/ipc/uts namespaces; a read-only root showing only the host's system
+directories and the interpreter; size-limited tmpfs /tmp and /dev/shm; cleared env), in root
 mode or, for ordinary users, rootless mode (unprivileged user namespace); inside it a warm
-zygote forks a fresh child per run with rlimits and a seccomp filter. Timeouts are enforced by
-the zygote and, as a backstop, by the host, which kills and restarts a worker that misses its
-deadline. Where the machine delegates cgroup v2 memory, each worker also gets `memory.max`.
+zygote forks a fresh child per run with rlimits and a seccomp filter (`sandbox_seccomp`).
+Every run gets a new scratch directory and emptied, restored /tmp and /dev/shm
+(`sandbox_scratch`); a worker that cannot restore them (or its own limits) retires and the runs
+queued on it move to a fresh one. A run's memory is its RSS plus its files in /tmp and /dev/shm
+plus its unix socket buffers (memfd is refused). Timeouts are enforced by the zygote and, as a
+backstop, by the host, which kills and restarts a worker that misses its deadline. Where the
+machine delegates cgroup v2 memory, each worker also gets `memory.max`.
 
 Zygotes are grouped by string-hash seed (PYTHONHASHSEED): `hash_seed` (default 0) starts with
 the pool; another seed gets its own zygotes the first time a run asks for it, so a determinism

@@ -2,9 +2,12 @@
 sandbox by the bootstrap, see `isolation.worker_bootstrap`).
 
 Inside a sandbox the only writable places are the tmpfs mounts `/tmp` and `/dev/shm` (the
-"roots"). Before every run `Scratch.reset` empties both, creates a new scratch directory (a new
-inode: no extended attribute, timestamp or mode an earlier run set on it survives) and puts the
-roots' own mode, timestamps and extended attributes back as they were when the worker started
+"roots"). After every run `Scratch.reset` checks whether the run touched them: the scratch
+directory and both roots keep their inode, mode, owner, link count and access, modify and
+change times (a new or removed entry, a chmod, utime or extended attribute all move the change
+time). If anything moved, it empties both roots, creates a new scratch directory (a new inode:
+no extended attribute, timestamp or mode an earlier run set on it survives) and puts the roots'
+own mode, timestamps and extended attributes back as they were when the worker started
 (rootless mode: programs share the roots' owner uid, so they can change those). It returns False
 when that cannot be done (then the worker retires and the host starts a fresh one).
 
@@ -35,6 +38,7 @@ class Scratch:
         self.count_bytes = count_bytes
         self._saved = {root: self._attrs(root) for root in roots}
         self._base = 0
+        self._sigs: list[tuple[int, ...]] | None = None  # of scratch and roots after a reset
         self.fresh = self.reset()
         self._base = self._used() if count_bytes else 0
 
@@ -44,9 +48,28 @@ class Scratch:
         return (stat.S_IMODE(st.st_mode), st.st_atime_ns, st.st_mtime_ns,
                 sorted(x for x in os.listxattr(root) if not x.startswith("user.")))
 
+    def _signature(self) -> list[tuple[int, ...]]:
+        out = []
+        for path in (self.path, *self.roots):
+            st = os.lstat(path)
+            out.append((st.st_ino, st.st_mode, st.st_uid, st.st_nlink, st.st_atime_ns,
+                        st.st_mtime_ns, st.st_ctime_ns))
+        return out
+
+    def touched(self) -> bool:
+        """True unless the scratch dir and the roots are exactly as the last reset left them."""
+        try:
+            return self._sigs is None or self._signature() != self._sigs
+        except OSError:
+            return True
+
     def reset(self) -> bool:
-        """Empty the roots, restore their attributes, create a fresh scratch dir; False if any
-        of it fails or takes longer than `wipe_budget_s`."""
+        """Empty the roots, restore their attributes, create a fresh scratch dir (nothing to do
+        when the run touched none of it); False if any of it fails or takes longer than
+        `wipe_budget_s`."""
+        if not self.touched():
+            return True
+        self._sigs = None
         try:
             try:
                 os.rmdir(self.path)  # the common case: the run left its scratch dir empty
@@ -73,6 +96,7 @@ class Scratch:
                 os.chown(self.path, self.uid, self.gid)
             _, atime, mtime, _ = self._saved[self.roots[0]]
             os.utime(self.roots[0], ns=(atime, mtime))
+            self._sigs = self._signature()
             return True
         except OSError:
             return False
@@ -87,7 +111,7 @@ class Scratch:
 
     def held_bytes(self) -> int:
         """Bytes the current run holds in the roots beyond their empty state (0 if not counted)."""
-        if not self.count_bytes:
+        if not self.count_bytes or not self.touched():
             return 0
         try:
             return max(0, self._used() - self._base)

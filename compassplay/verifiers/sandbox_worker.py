@@ -1,20 +1,28 @@
 """Zygote server that runs *inside* one sandbox (stdlib only; its source travels on the command line).
 
 Protocol: `sandbox_proto` (binary length-prefixed frames on stdin/stdout, pipelined). The
-forked child's side (lock-down, then the program) is `sandbox_child`; the bootstrap preloads
-both, and `sandbox_seccomp`, under their bare names (see `isolation.worker_bootstrap`).
+forked child's side (lock-down, then the program) is `sandbox_child`, the per-run fresh state
+`sandbox_scratch`; the bootstrap preloads them, and `sandbox_seccomp`, under their bare names
+(see `isolation.worker_bootstrap`).
 
 The zygote is pid 1 of the sandbox's pid namespace (so a program can signal it only where the
 kernel drops the signal), non-dumpable, and already under the seccomp filter and the programs'
 environment, so a run inherits them for free. For each request it forks a fresh child that
 (root mode) drops to the worker's unprivileged uid, applies rlimits, chdirs into a fresh scratch
 directory and execs the program in a fresh ``__main__``. Afterwards every process left in the
-pid namespace is killed and the scratch space is wiped.
+pid namespace is killed, /tmp and /dev/shm are emptied and restored and a new scratch directory
+is made when the run touched them (`sandbox_scratch.Scratch.reset`). If that fails, the zygote
+answers the next request with RETIRE and exits: the host runs it on a fresh worker. (Its own
+rlimits and scheduling, which every run inherits, no program can change: the seccomp filter
+allows those calls on pid 0 only.)
 
 Every status but ok/error is the supervisor's own observation: "timeout" (it hit the deadline,
 or the kernel's CPU accounting reached RLIMIT_CPU), "output_limit" (it counted the bytes),
-"memory" (its watchdog measured the run's memory above the cap, or the run failed after the
-kernel measured its peak RSS at >= 75% of the cap; the host adds the cgroup's OOM kills), "killed" (the kernel reports death by a signal the supervisor did not send). An exit
+"memory" (its watchdog measured the run's memory above the cap: RSS, files in /tmp and /dev/shm
+and unix socket buffers together; or the run ended with its kernel-measured peak RSS plus its
+files above the cap; or it failed with its peak RSS at >= 75% of the cap; the host adds the
+cgroup's OOM kills), "killed" (the kernel reports death by a signal the supervisor did not
+send). An exit
 code only ever decides between ok (0) and error (anything else).
 """
 
@@ -44,9 +52,6 @@ REPLY_HEAD = sandbox_proto.REPLY_HEAD
 HELLO = sandbox_proto.HELLO
 RETIRE = sandbox_proto.RETIRE
 ROOTS = ("/tmp", "/dev/shm")  # the sandbox's only writable places (scratch is /tmp/work)
-# The zygote's own limits, which every run inherits: a change means the worker must retire.
-OWN_LIMITS = ("RLIMIT_AS", "RLIMIT_CPU", "RLIMIT_DATA", "RLIMIT_FSIZE", "RLIMIT_NOFILE",
-              "RLIMIT_NPROC", "RLIMIT_STACK", "RLIMIT_MEMLOCK", "RLIMIT_CORE")
 WATCHDOG_EVERY_S = 0.05
 FAST_WAIT_MS = 20  # first wait on the child's exit alone (below the watchdog's first check)
 PEAK_MEMORY_FRACTION = 0.75  # a failed run whose kernel-measured peak RSS reached this is "memory"
@@ -115,7 +120,6 @@ class Zygote:
             wipe_budget_s=float(cfg.get("wipe_budget_s", sandbox_scratch.WIPE_BUDGET_S)))
         if not self.state.fresh:
             raise SystemExit(f"cannot prepare the sandbox's scratch space under {roots}")
-        self.own_limits = self._own_limits()
         self.healthy = True
         gc.collect()
         gc.freeze()  # the child's collections never walk (and copy) the zygote's pages
@@ -147,7 +151,7 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
         duration = time.monotonic() - start
-        self.healthy = self.state.reset() and self._own_limits() == self.own_limits
+        self.healthy = self.state.reset()
         head = REPLY_HEAD.pack(STATUSES.index(status), exit_code is not None,
                                exit_code or 0, duration, cpu_s, peak_kb / 1024, len(out), len(err))
         return head + out + err
@@ -267,11 +271,6 @@ class Zygote:
                 return
             if children:
                 time.sleep(0.0005)
-
-    @staticmethod
-    def _own_limits() -> list[tuple[int, int]]:
-        return [resource.getrlimit(getattr(resource, name)) for name in OWN_LIMITS]
-
 
 def _kill_quiet(pid: int) -> None:
     try:

@@ -210,6 +210,9 @@ ATTACKS = [
            "        print('WROTE', d)\n    except OSError as e:\n        print('denied', e.errno)",
            ("ok",), "denied"),
     # --- issue 25: host unix sockets (one under /var/lib, one in the visible /etc)
+    Attack("host_dirs_visible",  # only system directories and the interpreter are mounted
+           "import os\nprint([p for p in ('/var/lib', '/run', '/home', '/work', '/srv', '/mnt',"
+           " '/sys', '@TMP_SENTINEL@') if os.path.exists(p)])", ("ok",), "[]"),
     Attack("unix_connect_host_socket",
            "import socket\nfor p in ('@UNIX_VAR@', '@UNIX_ETC@'):\n    try:\n"
            "        s = socket.socket(socket.AF_UNIX)\n        s.connect(p)\n        s.send(b'x')\n"
