@@ -226,6 +226,8 @@ def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]
         "--hostname", "sandbox",
         *system_binds(),
         "--dev", "/dev", "--proc", "/proc",
+        # no pseudo-terminals: each holds kernel buffers no limit here counts
+        "--ro-bind", "/dev/null", "/dev/ptmx", "--ro-bind", "/dev/null", "/dev/pts/ptmx",
         "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
         "--remount-ro", "/dev",  # rootless: /dev/stdout, /dev/shm itself stay as they are

@@ -204,6 +204,10 @@ ATTACKS = [
            "        pairs.append((a, b))\n    return pairs\nfor _ in range(7):\n"
            "    if os.fork() == 0:\n        p = hold()\n        time.sleep(5)\n        os._exit(0)\n"
            "p = hold()\ntime.sleep(1)\nprint('HELD')", HELD_TOO_MUCH),
+    Attack("open_pseudo_terminals",  # each pty pair holds up to ~68 KB of kernel buffers
+           "import os\nptys = []\ntry:\n    for _ in range(100):\n        ptys.append(os.openpty())\n"
+           "    print('HELD', len(ptys))\nexcept OSError:\n    print('denied', len(ptys))",
+           ("ok",), "denied 0"),
     Attack("write_other_tmpfs",
            "import os\nfor d in ('/run', '/var/tmp', '/dev', '/', '/etc'):\n    try:\n"
            "        open(os.path.join(d, 'leftover'), 'wb').write(b'x' * 2**20)\n"
