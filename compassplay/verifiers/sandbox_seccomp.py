@@ -6,7 +6,7 @@ to bottom (first match decides; anything not named is allowed):
 * `DENY`: refused outright with the errno given (mount and the new mount API, namespaces,
   ptrace and cross-process memory/fd access, kernel keyrings, io_uring, bpf/perf, SysV/POSIX IPC
   objects that would outlive a run, `memfd_create`/`memfd_secret` (memory that no mapping, so no
-  RSS, would show), `syslog`, `open_by_handle_at`, and `socket()` of every family: no connect to
+  RSS, would show), `inotify_add_watch` (kernel memory per watch), `syslog`, `open_by_handle_at`, and `socket()` of every family: no connect to
   an IP address or to a host unix socket can even start).
 * `SELF_ONLY`: allowed only when the pid-like arguments name the caller itself (pid 0):
   `prlimit64`, `sched_set*`, `setpriority`, `ioprio_set`, `migrate_pages`, `move_pages`. A run
@@ -69,7 +69,7 @@ _ARCHES: dict[str, dict[str, int]] = {
         "memfd_create": 319, "name_to_handle_at": 303, "open_by_handle_at": 304,
         "prlimit64": 302, "sched_setaffinity": 203, "sched_setscheduler": 144,
         "sched_setparam": 142, "sched_setattr": 314, "setpriority": 141, "ioprio_set": 251,
-        "migrate_pages": 256, "move_pages": 279,
+        "migrate_pages": 256, "move_pages": 279, "inotify_add_watch": 254,
     },
     "aarch64": {
         **_COMMON, "arch": 0xC00000B7, "socket": 198, "socketpair": 199, "setsockopt": 208,
@@ -82,7 +82,7 @@ _ARCHES: dict[str, dict[str, int]] = {
         "memfd_create": 279, "name_to_handle_at": 264, "open_by_handle_at": 265,
         "prlimit64": 261, "sched_setaffinity": 122, "sched_setscheduler": 119,
         "sched_setparam": 118, "sched_setattr": 274, "setpriority": 140, "ioprio_set": 30,
-        "migrate_pages": 238, "move_pages": 239,
+        "migrate_pages": 238, "move_pages": 239, "inotify_add_watch": 27,
     },
 }
 
@@ -97,6 +97,7 @@ DENY: dict[str, int] = {
         "io_uring_register", "shmget", "semget", "msgget", "mq_open", "syslog",
         "name_to_handle_at", "open_by_handle_at")},
     "memfd_create": errno.ENOSYS, "memfd_secret": errno.ENOSYS,  # callers fall back to files
+    "inotify_add_watch": errno.ENOSYS,  # kernel memory per watch that nothing counts
     "socket": errno.EACCES,
     "clone3": errno.ENOSYS,
 }

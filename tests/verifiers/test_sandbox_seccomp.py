@@ -55,7 +55,8 @@ def arch(request: pytest.FixtureRequest):
 
 
 MISSING_BEFORE_ISSUE_25 = ("fsopen", "fsconfig", "fsmount", "move_mount", "open_tree", "fspick",
-                           "mount_setattr", "syslog", "open_by_handle_at", "memfd_create")
+                           "mount_setattr", "syslog", "open_by_handle_at", "memfd_create",
+                           "inotify_add_watch")
 
 
 def test_denied_calls_get_their_errno(arch) -> None:
