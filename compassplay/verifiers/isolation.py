@@ -1,8 +1,10 @@
 """Host-side isolation setup: modes, bubblewrap command lines, preflight checks, uid allocation.
 
 Each worker is one long-lived ``bwrap`` sandbox with fresh namespaces for network, pid, mount,
-ipc, uts and cgroup; the host root is bind-mounted read-only, ``/tmp``, ``/run``, ``/var/tmp``
-and the host homes are private tmpfs mounts, the environment is cleared (only PYTHONHASHSEED is
+ipc, uts and cgroup; its root is a read-only tmpfs holding read-only binds of the host's system
+directories (``SYSTEM_DIRS``) and the interpreter's prefix, nothing else of the host (no /var,
+/run or homes, so no host socket file); ``/tmp`` and ``/dev/shm`` are private size-limited tmpfs
+mounts, ``/dev`` is read-only, the environment is cleared (only PYTHONHASHSEED is
 set, plus LD_BIND_NOW: the zygote binds every symbol at start, so no forked child resolves, and
 copies, PLT entries; the zygote drops it from the programs' environment) and the zygote runs as
 pid 1 of the pid namespace. Two ways to get there:
@@ -40,10 +42,13 @@ UNSAFE_OPT_OUT = "none-UNSAFE-trusted-local-debugging-only"
 ISOLATION_MODES = (AUTO, ROOT, ROOTLESS, UNSAFE_OPT_OUT)
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 # Loaded before the worker under their bare names (the worker imports them from sys.modules).
-PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child")
+PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child", "sandbox_scratch")
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
-PRIVATE_DIRS = ("/tmp", "/run", "/var/tmp", "/dev")  # fresh tmpfs/devtmpfs in every sandbox
+PRIVATE_DIRS = ("/tmp", "/dev")  # fresh tmpfs in every sandbox (/dev/shm is one too)
+# Host directories bound read-only into every sandbox (when present); nothing else is visible
+# but the interpreter's prefix.
+SYSTEM_DIRS = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc")
 ROOTLESS_INNER_ID = 1000  # uid/gid inside the user namespace (the only one mapped)
 UID_BASE = 2_000_000
 
@@ -165,15 +170,16 @@ def userns_diagnosis(bwrap_error: str) -> str:
 
 # ---------------------------------------------------------------------------- command lines
 def _keep_paths() -> list[str]:
+    """The interpreter's prefix: the only host path outside `SYSTEM_DIRS` a sandbox needs."""
     return sorted({os.path.realpath(sys.base_prefix),
-                   os.path.dirname(os.path.dirname(interpreter())),
-                   os.path.dirname(WORKER_SCRIPT)})
+                   os.path.dirname(os.path.dirname(interpreter()))})
 
 
 def hidden_homes() -> list[tuple[str, list[str]]]:
-    """(home, paths under it to re-expose) for /root and $HOME."""
+    """(home, interpreter paths under it) for /root and $HOME: the launcher re-exposes these to
+    the rootless sandbox's unprivileged host uid when a home is private (0700)."""
     homes = {"/root", os.path.realpath(os.path.expanduser("~"))}
-    private = tuple(d + os.sep for d in PRIVATE_DIRS)  # hidden already (a home under /tmp)
+    private = tuple(d + os.sep for d in PRIVATE_DIRS)  # never a source (a home under /tmp)
     out = []
     for home in sorted(h for h in homes if h and os.path.isdir(h) and h != "/"
                        and not (h + os.sep).startswith(private)):
@@ -181,38 +187,52 @@ def hidden_homes() -> list[tuple[str, list[str]]]:
     return out
 
 
-def _hidden_home_binds() -> list[str]:
-    """Hide /root and $HOME behind tmpfs, re-exposing the interpreter's prefix if inside."""
+def system_binds() -> list[str]:
+    """Read-only binds of the host's system directories (symlinks such as /bin -> usr/bin are
+    recreated as symlinks), then of the interpreter's prefix wherever it lives (parents created
+    0755 so the programs' uid can traverse them). Nothing else of the host is visible: no
+    /var, /run, /home, /srv, /mnt, no other socket file."""
     args: list[str] = []
-    for home, keep in hidden_homes():
-        args += ["--perms", "0755", "--tmpfs", home]
-        for path in keep:
-            parts = os.path.relpath(path, home).split(os.sep)
-            for i in range(1, len(parts)):  # bwrap would create these 0700
-                args += ["--perms", "0755", "--dir", os.path.join(home, *parts[:i])]
+    for name in SYSTEM_DIRS:
+        path = "/" + name
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-        args += ["--remount-ro", home]  # rootless: the tmpfs would be the sandbox user's own
+    bound = tuple(f"/{name}/" for name in SYSTEM_DIRS)
+    for path in _keep_paths():
+        if (path + "/").startswith(bound):
+            continue
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts)):
+            args += ["--perms", "0755", "--dir", "/" + "/".join(parts[:i])]
+        args += ["--ro-bind", path, path]
     return args
 
 
 def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]:
-    """bwrap arguments up to (not including) the command."""
+    """bwrap arguments up to (not including) the command. The root is a read-only tmpfs; the
+    only writable places are /tmp and /dev/shm, each a tmpfs of `tmpfs_mb` MiB (whose use the
+    zygote also counts toward each run's memory limit)."""
     args = ["bwrap"]
     if mode == ROOTLESS:
         args += ["--unshare-user", "--uid", str(ROOTLESS_INNER_ID),
                  "--gid", str(ROOTLESS_INNER_ID)]
+    size = str(tmpfs_mb * 1024 * 1024)
     args += [
         "--unshare-ipc", "--unshare-pid", "--as-pid-1", "--unshare-net", "--unshare-uts",
         "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--clearenv",
         "--setenv", "PYTHONHASHSEED", str(hash_seed), "--setenv", "LD_BIND_NOW", "1",
         "--hostname", "sandbox",
-        "--ro-bind", "/", "/",
+        *system_binds(),
         "--dev", "/dev", "--proc", "/proc",
-        "--perms", "1777", "--size", str(tmpfs_mb * 1024 * 1024), "--tmpfs", "/tmp",
-        "--perms", "0755", "--tmpfs", "/run",
-        "--perms", "0755", "--tmpfs", "/var/tmp",
+        # no pseudo-terminals: each holds kernel buffers no limit here counts
+        "--ro-bind", "/dev/null", "/dev/ptmx", "--ro-bind", "/dev/null", "/dev/pts/ptmx",
+        "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
+        "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+        "--remount-ro", "/dev",  # rootless: /dev/stdout, /dev/shm itself stay as they are
+        "--remount-ro", "/",
     ]
-    args += _hidden_home_binds()
     args += ["--cap-drop", "ALL"]
     if mode == ROOT:
         for cap in ROOT_CAPS:

@@ -6,11 +6,16 @@
         a, b = sb.run_many([code, code], hash_seeds=[0, 1])  # two string-hash seeds
 
 Isolation (see `isolation.py` and `sandbox_worker.py`): one bubblewrap sandbox per worker
-(own net/pid/mount/ipc/uts namespaces, read-only host root, tmpfs scratch, cleared env), in root
+(own net/pid/mount/ipc/uts namespaces; a read-only root showing only the host's system
+directories and the interpreter; size-limited tmpfs /tmp and /dev/shm; cleared env), in root
 mode or, for ordinary users, rootless mode (unprivileged user namespace); inside it a warm
-zygote forks a fresh child per run with rlimits and a seccomp filter. Timeouts are enforced by
-the zygote and, as a backstop, by the host, which kills and restarts a worker that misses its
-deadline. Where the machine delegates cgroup v2 memory, each worker also gets `memory.max`.
+zygote forks a fresh child per run with rlimits and a seccomp filter (`sandbox_seccomp`).
+Every run gets a new scratch directory and emptied, restored /tmp and /dev/shm
+(`sandbox_scratch`); a worker that cannot restore them (or its own limits) retires and the runs
+queued on it move to a fresh one. A run's memory is its RSS plus its files in /tmp and /dev/shm
+plus its unix socket buffers (memfd is refused). Timeouts are enforced by the zygote and, as a
+backstop, by the host, which kills and restarts a worker that misses its deadline. Where the
+machine delegates cgroup v2 memory, each worker also gets `memory.max`.
 
 Zygotes are grouped by string-hash seed (PYTHONHASHSEED): `hash_seed` (default 0) starts with
 the pool; another seed gets its own zygotes the first time a run asks for it, so a determinism
@@ -32,7 +37,7 @@ from compassplay.verifiers import isolation
 from compassplay.verifiers.isolation import UNSAFE_OPT_OUT, SandboxUnavailableError
 from compassplay.verifiers.sandbox_cgroup import CgroupMemory
 from compassplay.verifiers.sandbox_stats import SandboxStats
-from compassplay.verifiers.worker_handle import WorkerDied, WorkerHandle
+from compassplay.verifiers.worker_handle import WorkerDied, WorkerHandle, WorkerRetired
 
 __all__ = ["ExecResult", "PythonSandbox", "SandboxUnavailableError", "UNSAFE_OPT_OUT"]
 
@@ -79,7 +84,7 @@ class PythonSandbox:
                  max_output_bytes: int = 65536, isolation: str = "bwrap", nproc: int = 32,
                  file_size_mb: int = 16, tmpfs_mb: int = 64, host_grace_s: float = 5.0,
                  hash_seed: int = 0, pipeline_depth: int = 8, rootless_uid: int = 65534,
-                 cgroup_memory: bool = True) -> None:
+                 cgroup_memory: bool = True, wipe_budget_s: float = 1.0) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         _check_mode(isolation)
@@ -95,7 +100,12 @@ class PythonSandbox:
         self.pipeline_depth = max(1, int(pipeline_depth))
         self.rootless_uid = int(rootless_uid)
         self.stats = SandboxStats()
-        self._limits = {"nproc": nproc, "fsize_mb": file_size_mb, "nofile": 256}
+        if not wipe_budget_s >= 0:
+            raise ValueError("wipe_budget_s must be >= 0 seconds")
+        # wipe_budget_s: seconds a zygote may spend removing a run's files; past it the worker
+        # retires and a fresh one takes the next run
+        self._limits = {"nproc": nproc, "fsize_mb": file_size_mb, "nofile": 256,
+                        "wipe_budget_s": float(wipe_budget_s)}
         self._want_cgroup = cgroup_memory and self.mode != UNSAFE_OPT_OUT
         self._cgroup: CgroupMemory | None = None
         self._gens: dict[int, _Generation] = {}
@@ -268,6 +278,14 @@ class PythonSandbox:
                 begin = max(sent, last)
                 try:
                     reply = handle.recv(begin + timeout + self.host_grace_s)
+                except WorkerRetired:  # it ran none of these: a fresh worker runs them
+                    jobs.extendleft(reversed([i] + [j for j, _ in inflight]))
+                    inflight.clear()
+                    handle = self._ensure_quiet(gen, slot)  # killed: restarts
+                    if handle is None:
+                        return
+                    last = time.monotonic()
+                    continue
                 except WorkerDied as exc:
                     now = time.monotonic()
                     status = "timeout" if now - begin >= timeout else "killed"

@@ -5,6 +5,8 @@ Length-prefixed frames (4-byte big-endian length) on the zygote's stdin (request
 program's UTF-8 source; ``b"X"`` asks the zygote to exit. The host may pipeline several
 requests; replies come back in order, each REPLY_HEAD (status code, exit code, duration, rusage
 CPU, peak RSS, output lengths) + stdout + stderr. The zygote greets with ``b"H"`` + HELLO.
+A zygote that could not restore its fresh state after a run answers the next request with
+RETIRE and exits: that request and every later one in flight never ran.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed")
 REQ_HEAD = struct.Struct(">dII")          # timeout_s, memory_mb, max_output_bytes
 REPLY_HEAD = struct.Struct(">BBidddII")   # status, has_exit, exit, duration, cpu_s, peak_mb, out, err
 HELLO = struct.Struct(">ii")              # zygote pid (1), uid programs run as
+RETIRE = b"Q"  # instead of a reply: "not run, this worker is retiring, run it elsewhere"
 LENGTH = struct.Struct(">I")
 MAX_REQUEST = 8 * 1024 * 1024
 

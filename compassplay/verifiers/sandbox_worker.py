@@ -1,20 +1,28 @@
 """Zygote server that runs *inside* one sandbox (stdlib only; its source travels on the command line).
 
 Protocol: `sandbox_proto` (binary length-prefixed frames on stdin/stdout, pipelined). The
-forked child's side (lock-down, then the program) is `sandbox_child`; the bootstrap preloads
-both, and `sandbox_seccomp`, under their bare names (see `isolation.worker_bootstrap`).
+forked child's side (lock-down, then the program) is `sandbox_child`, the per-run fresh state
+`sandbox_scratch`; the bootstrap preloads them, and `sandbox_seccomp`, under their bare names
+(see `isolation.worker_bootstrap`).
 
 The zygote is pid 1 of the sandbox's pid namespace (so a program can signal it only where the
 kernel drops the signal), non-dumpable, and already under the seccomp filter and the programs'
 environment, so a run inherits them for free. For each request it forks a fresh child that
 (root mode) drops to the worker's unprivileged uid, applies rlimits, chdirs into a fresh scratch
 directory and execs the program in a fresh ``__main__``. Afterwards every process left in the
-pid namespace is killed and the scratch space is wiped.
+pid namespace is killed, /tmp and /dev/shm are emptied and restored and a new scratch directory
+is made when the run touched them (`sandbox_scratch.Scratch.reset`). If that fails, the zygote
+answers the next request with RETIRE and exits: the host runs it on a fresh worker. (Its own
+rlimits and scheduling, which every run inherits, no program can change: the seccomp filter
+allows those calls on pid 0 only.)
 
 Every status but ok/error is the supervisor's own observation: "timeout" (it hit the deadline,
 or the kernel's CPU accounting reached RLIMIT_CPU), "output_limit" (it counted the bytes),
-"memory" (its watchdog measured the run's memory above the cap, or the run failed after the
-kernel measured its peak RSS at >= 75% of the cap; the host adds the cgroup's OOM kills), "killed" (the kernel reports death by a signal the supervisor did not send). An exit
+"memory" (its watchdog measured the run's memory above the cap: RSS, files in /tmp and /dev/shm
+and unix socket buffers together; or the run ended with its kernel-measured peak RSS plus its
+files above the cap; or it failed with its peak RSS at >= 75% of the cap; the host adds the
+cgroup's OOM kills), "killed" (the kernel reports death by a signal the supervisor did not
+send). An exit
 code only ever decides between ok (0) and error (anything else).
 """
 
@@ -27,7 +35,6 @@ import os
 import resource
 import select
 import signal
-import stat
 import struct
 import sys
 import time
@@ -35,15 +42,16 @@ import time
 try:  # inside the sandbox: preloaded by the bootstrap under their bare names
     import sandbox_child  # type: ignore[import-not-found]
     import sandbox_proto  # type: ignore[import-not-found]
+    import sandbox_scratch  # type: ignore[import-not-found]
 except ImportError:  # imported on the host
-    from compassplay.verifiers import sandbox_child, sandbox_proto
+    from compassplay.verifiers import sandbox_child, sandbox_proto, sandbox_scratch
 
 STATUSES = sandbox_proto.STATUSES
 REQ_HEAD = sandbox_proto.REQ_HEAD
 REPLY_HEAD = sandbox_proto.REPLY_HEAD
 HELLO = sandbox_proto.HELLO
-SCRATCH_ROOT = "/tmp"
-WIPE_DIRS = ("/tmp", "/dev/shm")
+RETIRE = sandbox_proto.RETIRE
+ROOTS = ("/tmp", "/dev/shm")  # the sandbox's only writable places (scratch is /tmp/work)
 WATCHDOG_EVERY_S = 0.05
 FAST_WAIT_MS = 20  # first wait on the child's exit alone (below the watchdog's first check)
 PEAK_MEMORY_FRACTION = 0.75  # a failed run whose kernel-measured peak RSS reached this is "memory"
@@ -60,8 +68,8 @@ class Zygote:
         self.setuid = bool(cfg.get("setuid", self.isolated))
         self.uid = int(cfg.get("uid", -1)) if self.setuid else os.getuid()
         self.gid = int(cfg.get("gid", -1)) if self.setuid else os.getgid()
-        self.scratch_root = cfg.get("scratch_root") or SCRATCH_ROOT
-        self.scratch = os.path.join(self.scratch_root, "work")
+        roots = ROOTS if self.isolated else (cfg["scratch_root"],)
+        self.scratch = os.path.join(roots[0], "work")
         self.nproc = int(cfg.get("nproc", 32))
         self.fsize = int(cfg.get("fsize_mb", 16)) * 1024 * 1024
         self.nofile = int(cfg.get("nofile", 256))
@@ -105,9 +113,14 @@ class Zygote:
         )
         sandbox_child.warm_up(self.stdio)  # before the freeze: ~15 fewer child page faults a run
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
+        self.socket_bytes = 2 * _read_int("/proc/sys/net/core/wmem_default", 212992)
         self._poller = select.poll()
-        self._scratch_clean = False
-        self._wipe()
+        self.state = sandbox_scratch.Scratch(
+            roots, self.uid if self.setuid else None, self.gid, count_bytes=self.isolated,
+            wipe_budget_s=float(cfg.get("wipe_budget_s", sandbox_scratch.WIPE_BUDGET_S)))
+        if not self.state.fresh:
+            raise SystemExit(f"cannot prepare the sandbox's scratch space under {roots}")
+        self.healthy = True
         gc.collect()
         gc.freeze()  # the child's collections never walk (and copy) the zygote's pages
         try:  # hand freed heap back: fewer resident pages for every fork to map and copy
@@ -119,7 +132,6 @@ class Zygote:
     def run(self, body: bytes) -> bytes:
         timeout, mem_mb, limit = REQ_HEAD.unpack_from(body, 1)
         code = body[1 + REQ_HEAD.size:]
-        self._prepare_scratch()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         start = time.monotonic()
@@ -139,7 +151,7 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
         duration = time.monotonic() - start
-        self._wipe_if_dirty()
+        self.healthy = self.state.reset()
         head = REPLY_HEAD.pack(STATUSES.index(status), exit_code is not None,
                                exit_code or 0, duration, cpu_s, peak_kb / 1024, len(out), len(err))
         return head + out + err
@@ -190,7 +202,7 @@ class Zygote:
                     break
                 if self.isolated and reaped is None and now >= next_mem_check:
                     next_mem_check = now + WATCHDOG_EVERY_S
-                    if self._run_memory() > mem_cap:
+                    if self._run_memory() + self.state.held_bytes() > mem_cap:
                         verdict = "memory"
                         break
         finally:
@@ -215,7 +227,9 @@ class Zygote:
         exit_code: int | None = None
         if verdict is None:  # the program ended on its own: the kernel says how
             exit_code = os.waitstatus_to_exitcode(wstatus)
-            if exit_code == 0:
+            if peak_kb * 1024 + self.state.held_bytes() > mem_cap:
+                verdict = "memory"  # its peak RSS and the tmpfs files it left exceed the limit
+            elif exit_code == 0:
                 verdict = "ok"
             elif peak_kb * 1024 >= PEAK_MEMORY_FRACTION * mem_cap:
                 verdict = "memory"  # it failed after really holding most of its memory
@@ -228,14 +242,16 @@ class Zygote:
         return verdict, exit_code, cpu_s, peak_kb, bytes(out), bytes(err)
 
     def _run_memory(self) -> int:
-        """Bytes the run added: anonymous RSS of every process here beyond the zygote's own
-        (read from /proc/<pid>/status, which needs no ptrace access to non-dumpable children)."""
+        """Bytes the run added: anonymous and shared RSS of every process here beyond the
+        zygote's own (read from /proc/<pid>/status, which needs no ptrace access to non-dumpable
+        children), plus `socket_bytes` per unix socket in this network namespace (the most a
+        socket's send buffer, whose size programs cannot raise, holds in the kernel)."""
         total, me = 0, os.getpid()
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) != me:
                 total += max(0, _status_kb(int(name), b"RssAnon:") - self.base_anon_kb)
                 total += _status_kb(int(name), b"RssShmem:")
-        return total * 1024
+        return total * 1024 + _unix_sockets() * self.socket_bytes
 
     def _sweep(self, pid: int, reaped: bool = False) -> None:
         """Kill every process left in the sandbox (or the child's group when not isolated)."""
@@ -255,74 +271,6 @@ class Zygote:
                 return
             if children:
                 time.sleep(0.0005)
-
-    # ---------------------------------------------------------------- scratch
-    def _prepare_scratch(self) -> None:
-        if self._scratch_clean:
-            return
-        try:
-            os.mkdir(self.scratch, 0o700)
-        except FileExistsError:
-            self._wipe()
-            os.mkdir(self.scratch, 0o700)
-        if self.setuid:
-            os.chown(self.scratch, self.uid, self.gid)
-        self._scratch_clean = True
-
-    def _wipe_if_dirty(self) -> None:
-        """Keep an untouched scratch dir (and nothing else in /tmp or /dev/shm) for the next run;
-        otherwise wipe everything."""
-        try:
-            st = os.lstat(self.scratch)
-            clean = (stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700
-                     and st.st_uid == self.uid and not os.listdir(self.scratch))
-            if self.isolated:
-                clean = clean and os.listdir("/tmp") == ["work"] and not os.listdir("/dev/shm")
-        except OSError:
-            clean = False
-        self._scratch_clean = clean
-        if not clean:
-            self._wipe()
-
-    def _wipe(self) -> None:
-        for root in WIPE_DIRS if self.isolated else (self.scratch_root,):
-            try:
-                entries = list(os.scandir(root))
-            except OSError:
-                continue
-            for entry in entries:
-                if not self.isolated and entry.name != "work":
-                    continue
-                _remove(entry.path)
-
-
-def _remove(path: str) -> None:
-    """rm -rf that also gets through directories a program locked with chmod 0."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return
-    if stat.S_ISDIR(st.st_mode):
-        try:
-            os.chmod(path, 0o700)
-        except OSError:
-            pass
-        try:
-            names = os.listdir(path)
-        except OSError:
-            names = []
-        for name in names:
-            _remove(os.path.join(path, name))
-        try:
-            os.rmdir(path)
-        except OSError:
-            pass
-    else:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
-
 
 def _kill_quiet(pid: int) -> None:
     try:
@@ -351,6 +299,23 @@ def _status_kb(pid: int, key: bytes) -> int:
     except (OSError, IndexError, ValueError):
         pass
     return 0
+
+
+def _read_int(path: str, default: int) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, IndexError, ValueError):
+        return default
+
+
+def _unix_sockets() -> int:
+    """Unix sockets alive in this network namespace (in a process or in flight)."""
+    try:
+        with open("/proc/net/unix", "rb") as fh:
+            return max(0, fh.read().count(b"\n") - 1)
+    except OSError:
+        return 0
 
 
 def _loopback_down(libc) -> None:
@@ -387,6 +352,9 @@ def main() -> None:
         if body is None or body[:1] == b"X":
             return
         if body[:1] == b"R":
+            if not zygote.healthy:  # an earlier run left state we could not restore
+                proto.write_all(out_fd, proto.frame(RETIRE))
+                return
             proto.write_all(out_fd, proto.frame(zygote.run(body)))
         else:
             proto.write_all(out_fd, proto.frame(b"?"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from compassplay.verifiers import isolation
 from compassplay.verifiers.sandbox_cgroup import CgroupMemory
-from compassplay.verifiers.sandbox_proto import HELLO, REPLY_HEAD, REQ_HEAD, STATUSES
+from compassplay.verifiers.sandbox_proto import HELLO, REPLY_HEAD, REQ_HEAD, RETIRE, STATUSES
 
 PIPE_BYTES = 1 << 20        # asked for with F_SETPIPE_SZ; pipelining stays below the real size
 _F_SETPIPE_SZ = 1031
@@ -24,6 +24,11 @@ _F_SETPIPE_SZ = 1031
 
 class WorkerDied(RuntimeError):
     """The zygote exited, broke protocol or missed its deadline; the handle is now dead."""
+
+
+class WorkerRetired(WorkerDied):
+    """The zygote could not restore its fresh state after a run and exited without running the
+    request (nor any later one in flight): run them on a fresh worker."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,9 @@ class WorkerHandle:
         """The reply to the oldest request in flight, or WorkerDied after `deadline`."""
         body = self._read_frame(deadline, self.max_reply_bytes)
         self._inflight_bytes -= self._inflight.popleft()
+        if body == RETIRE:
+            self.kill()
+            raise WorkerRetired("sandbox worker retired: its state could not be restored")
         if len(body) < REPLY_HEAD.size:
             self.kill()
             raise WorkerDied(f"malformed reply of {len(body)} bytes")

@@ -8,16 +8,19 @@ ok/error are the supervisor's observations, so a program cannot fake them with a
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 import compassplay
+from compassplay.verifiers import sandbox_seccomp
 from compassplay.verifiers.isolation import ROOT, ROOTLESS
 from compassplay.verifiers.python_sandbox import PythonSandbox
 from tests.verifiers.sandbox_helpers import (
@@ -29,6 +32,23 @@ from tests.verifiers.sandbox_helpers import (
 )
 
 ANY_FAIL = ("error", "timeout", "killed", "memory")
+# 150 MB of touched RSS (below the 75% peak rule) plus up to 8 x 15 MB of files in /tmp and
+# /dev/shm: over the 256 MB limit only together.
+TMPFS_FILL = (
+    "import os\nheld = b'x' * (150 * 2**20)\nchunk = b'y' * (15 * 2**20)\n"
+    "for i in range(8):\n    try:\n"
+    "        open(f\"{'/tmp' if i < 4 else '/dev/shm'}/f{i}\", 'wb').write(chunk)\n"
+    "    except OSError:\n        pass\n"
+)
+HELD_TOO_MUCH = ("memory", "timeout")  # never "ok" (timeout: writing 270 MB on a loaded machine)
+_NRS = sandbox_seccomp._ARCHES.get(platform.machine(), {})
+# (syscall number, args): fsopen, fspick, open_tree, move_mount, fsconfig, fsmount,
+# mount_setattr, syslog(SIZE_BUFFER), open_by_handle_at; each must fail with EPERM.
+MOUNT_API_CALLS = [(_NRS.get(name, -1), args) for name, args in (
+    ("fsopen", (b"tmpfs", 0)), ("fspick", (-100, b"/tmp", 0)), ("open_tree", (-100, b"/tmp", 1)),
+    ("move_mount", (-100, b"/tmp", -100, b"/dev/shm", 0)), ("fsconfig", (3, 6, None, None, 0)),
+    ("fsmount", (3, 0, 0)), ("mount_setattr", (-100, b"/tmp", 0, None, 32)),
+    ("syslog", (10, None, 0)), ("open_by_handle_at", (-100, None, 0)))]
 
 
 @dataclass(frozen=True)
@@ -165,6 +185,86 @@ ATTACKS = [
     Attack("locked_scratch_dir",
            "import os\nos.makedirs('a/b')\nopen('a/b/f', 'w').write('x')\nos.chmod('a/b', 0)\n"
            "os.chmod('a', 0)\nos.chmod('.', 0)", ("ok",)),
+    # --- issue 25: memory outside the limit (the pool's limit is 256 MB, tmpfs 64 MiB each)
+    Attack("memfd_fallocate",  # 70 x 15 MB (each below RLIMIT_FSIZE): 1 GiB that no RSS shows
+           "import os\nfds = [os.memfd_create('x') for _ in range(70)]\n"
+           "for fd in fds:\n    os.posix_fallocate(fd, 0, 15 * 2**20)\n"
+           "print('HELD')\nimport time\ntime.sleep(0.5)", ("error", "memory")),
+    Attack("tmpfs_files_plus_rss_held",  # the watchdog counts files in /tmp and /dev/shm
+           TMPFS_FILL + "import time\ntime.sleep(0.5)\nprint('HELD')", HELD_TOO_MUCH),
+    Attack("tmpfs_files_plus_rss_at_exit",  # ends before the watchdog's first look
+           TMPFS_FILL + "print('HELD')", HELD_TOO_MUCH),
+    Attack("socket_buffers",  # 8 processes x 120 socket pairs with full buffers: ~250 MB of kernel
+           "import os, socket, time\ntry:\n"
+           "    socket.socket(socket.AF_UNIX).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 2**22)\n"
+           "    print('CHANGED sndbuf')\nexcept OSError:\n    pass\n"
+           "def hold():\n    pairs = []\n    for _ in range(120):\n        a, b = socket.socketpair()\n"
+           "        a.setblocking(False)\n        try:\n            while True:\n"
+           "                a.send(b'x' * 65536)\n        except BlockingIOError:\n            pass\n"
+           "        pairs.append((a, b))\n    return pairs\nfor _ in range(7):\n"
+           "    if os.fork() == 0:\n        p = hold()\n        time.sleep(5)\n        os._exit(0)\n"
+           "p = hold()\ntime.sleep(1)\nprint('HELD')", HELD_TOO_MUCH),
+    Attack("open_pseudo_terminals",  # each pty pair holds up to ~68 KB of kernel buffers
+           "import os\nptys = []\ntry:\n    for _ in range(100):\n        ptys.append(os.openpty())\n"
+           "    print('HELD', len(ptys))\nexcept OSError:\n    print('denied', len(ptys))",
+           ("ok",), "denied 0"),
+    Attack("write_other_tmpfs",
+           "import os\nfor d in ('/run', '/var/tmp', '/dev', '/', '/etc'):\n    try:\n"
+           "        open(os.path.join(d, 'leftover'), 'wb').write(b'x' * 2**20)\n"
+           "        print('WROTE', d)\n    except OSError as e:\n        print('denied', e.errno)",
+           ("ok",), "denied"),
+    # --- issue 25: host unix sockets (one under /var/lib, one in the visible /etc)
+    Attack("host_dirs_visible",  # only system directories and the interpreter are mounted
+           "import os\nprint([p for p in ('/var/lib', '/run', '/home', '/work', '/srv', '/mnt',"
+           " '/sys', '@TMP_SENTINEL@') if os.path.exists(p)])", ("ok",), "[]"),
+    Attack("unix_connect_host_socket",
+           "import socket\nfor p in ('@UNIX_VAR@', '@UNIX_ETC@'):\n    try:\n"
+           "        s = socket.socket(socket.AF_UNIX)\n        s.connect(p)\n        s.send(b'x')\n"
+           "        print('CONNECTED', p)\n    except OSError as e:\n        print('denied', e.errno)",
+           ("ok",), "denied"),
+    Attack("unix_dgram_to_host_socket",
+           "import socket\ntry:\n    s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+           "    s.sendto(b'x', '@UNIX_DGRAM@')\n    print('CONNECTED')\nexcept OSError as e:\n"
+           "    print('denied', e.errno)\ntry:\n"
+           "    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\n"
+           "    a.sendto(b'x', '@UNIX_DGRAM@')\n    print('CONNECTED')\nexcept OSError as e:\n"
+           "    print('denied', e.errno)", ("ok",), "denied"),
+    Attack("unix_socketpair_stream_works",  # what multiprocessing's pipes use stays usable
+           "import multiprocessing as mp\na, b = mp.Pipe()\na.send([1, 2])\nprint(b.recv())",
+           ("ok",), "[1, 2]"),
+    # --- issue 25: state that breaks later runs (checked by the probes after every attack)
+    Attack("tree_deeper_than_path_max",
+           "import os\nfor _ in range(40):\n    os.mkdir('a' * 200)\n    os.chdir('a' * 200)\n"
+           "open('f', 'w').write('x')\nprint(len(os.getcwd()))", ("ok",)),
+    Attack("tree_deeper_than_recursion_limit",
+           "import os\nfor _ in range(3000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+           "os.chmod('.', 0)\nprint('deep')", ("ok",), "deep"),
+    Attack("break_mount_roots",
+           "import os\nfor what, f in (('xattr', lambda p: os.setxattr(p, 'user.leak', b'1')),\n"
+           "        ('utime', lambda p: os.utime(p, (1, 1))), ('chmod', lambda p: os.chmod(p, 0)),\n"
+           "        ('rmdir', os.rmdir)):\n    for p in ('/tmp', '/dev/shm'):\n        try:\n"
+           "            f(p)\n        except OSError:\n            pass\n"
+           "for p in ('/dev/stdout', '/dev/null', '/dev/shm'):\n    try:\n        os.unlink(p)\n"
+           "        os.symlink('/proc/self/fd/0', p)\n    except OSError:\n        pass\nprint('done')",
+           ("ok",), "done"),
+    Attack("change_zygote_limits_and_scheduling",
+           "import os, resource, ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+           "def attempt(name, f):\n    try:\n        r = f()\n    except OSError:\n        r = -1\n"
+           "    print(name, 'denied' if r == -1 else 'CHANGED')\n"
+           "for pid in (1, os.getppid()):\n"
+           "    attempt('prlimit', lambda: resource.prlimit(pid, resource.RLIMIT_AS, (2**24, 2**24)))\n"
+           "    attempt('affinity', lambda: os.sched_setaffinity(pid, {0}))\n"
+           "    attempt('nice', lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))\n"
+           "    attempt('sched', lambda: os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0)))\n"
+           "    attempt('ioprio', lambda: libc.syscall(@IOPRIO_SET@, 1, pid, (3 << 13) | 7))\n"
+           "resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))\nos.setpriority(os.PRIO_PROCESS, 0, 5)\n"
+           "print('own ok')", ("ok",), "own ok"),
+    # --- issue 25: the new mount API and other entries the filter lacked
+    Attack("new_mount_api_syslog_handles",
+           "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\nout = []\n"
+           "for nr, args in @MOUNT_API_CALLS@:\n    r = libc.syscall(nr, *args)\n"
+           "    out.append((r, ctypes.get_errno()))\nprint(out)\n"
+           "print(all(r == -1 and e == 1 for r, e in out))", ("ok",), "True"),
 ]
 
 
@@ -187,25 +287,63 @@ def host_sentinels(sandbox: PythonSandbox):
 PROBE = (
     "import os, builtins\n"
     "print(sorted(os.listdir('/tmp')), os.listdir('.'), os.listdir('/dev/shm'),"
-    " len([p for p in os.listdir('/proc') if p.isdigit()]), print is builtins.print)"
+    " len([p for p in os.listdir('/proc') if p.isdigit()]), print is builtins.print)\n"
+    "used = [os.statvfs(p) for p in ('/tmp', '/dev/shm')]\n"
+    "print(oct(os.stat('/tmp').st_mode & 0o7777), oct(os.stat('/dev/shm').st_mode & 0o7777),"
+    " os.listxattr('.') + os.listxattr('/tmp') + os.listxattr('/dev/shm'),"
+    " min(os.stat(p).st_mtime for p in ('.', '/tmp', '/dev/shm')) > 1e9,"
+    " sum(s.f_blocks - s.f_bfree for s in used), os.getpriority(os.PRIO_PROCESS, 0),"
+    " os.sched_getscheduler(0), len(os.sched_getaffinity(0)) == @NCPU@,"
+    " os.readlink('/dev/stdout'))"
 )
-PROBE_OUT = "['work'] [] [] 2 True\n"
+PROBE_OUT = ("['work'] [] [] 2 True\n"
+             "0o1777 0o1777 [] True 0 0 0 True /proc/self/fd/1\n")
 # A small host tree to try to delete: walking all of /work on a CI machine can exceed the timeout.
 PACKAGE_DIR = str(Path(compassplay.__file__).parent)
 PWNED = ["/tmp/pwned_tmp", "/tmp/from_thread", "/tmp/from_daemon", "/root/pwned_sys",
          "/root/pwned_root", "/etc/pwned_sys", "/etc/pwned_etc", "/work/pwned_sub"]
 
 
+@pytest.fixture()
+def unix_listeners() -> Iterator[dict[str, socket.socket]]:
+    """Host unix sockets anyone may connect to: a stream listener under /var/lib (a host
+    service's place) and one in /etc (a directory sandboxes do see), and a datagram socket."""
+    socks: dict[str, socket.socket] = {}
+    tag = f"compassplay-test-{os.getpid()}"
+    try:
+        for key, path, kind in (("@UNIX_VAR@", f"/var/lib/{tag}.sock", socket.SOCK_STREAM),
+                                ("@UNIX_ETC@", f"/etc/{tag}.sock", socket.SOCK_STREAM),
+                                ("@UNIX_DGRAM@", f"/var/lib/{tag}.dgram", socket.SOCK_DGRAM)):
+            s = socket.socket(socket.AF_UNIX, kind)
+            socks[key] = s
+            s.bind(path)
+            os.chmod(path, 0o777)
+            if kind == socket.SOCK_STREAM:
+                s.listen(8)
+            s.setblocking(False)
+        yield socks
+    finally:
+        for s in socks.values():
+            path = s.getsockname()
+            s.close()
+            if path:
+                Path(path).unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
 def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentinels,
-                             listener: socket.socket) -> None:
+                             listener: socket.socket, unix_listeners) -> None:
     tmp_dir, home = host_sentinels
     before = dir_state(tmp_dir)
     code = (attack.code.replace("@TMP_SENTINEL@", str(tmp_dir))
             .replace("@HOME_SENTINEL@", str(home))
             .replace("@PORT@", str(listener.getsockname()[1]))
             .replace("@HOST_PID@", str(os.getpid()))
-            .replace("@PACKAGE_DIR@", PACKAGE_DIR))
+            .replace("@PACKAGE_DIR@", PACKAGE_DIR)
+            .replace("@MOUNT_API_CALLS@", repr(MOUNT_API_CALLS))
+            .replace("@IOPRIO_SET@", str(_NRS.get("ioprio_set", -1))))
+    for key, s in unix_listeners.items():
+        code = code.replace(key, s.getsockname())
     result = sandbox.run(code)
     print(f"\nATTACK {sandbox.mode:13s} {attack.name:35s} {result.status:12s} "
           f"(allowed: {'/'.join(attack.statuses)})")
@@ -219,6 +357,7 @@ def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentin
         assert attack.stderr_has in result.stderr, result
     assert (Path(PACKAGE_DIR) / "__init__.py").is_file()  # visible or not, it is untouched
     assert "WROTE" not in result.stdout and "CONNECTED" not in result.stdout
+    assert "CHANGED" not in result.stdout
     assert "hunter2" not in result.stdout + result.stderr
     assert len(result.stdout) + len(result.stderr) <= sandbox.max_output_bytes
     # host unchanged
@@ -228,10 +367,14 @@ def test_attack_is_contained(attack: Attack, sandbox: PythonSandbox, host_sentin
     assert processes_of(sandbox.uids) == [] and leftovers(sandbox) == []
     with pytest.raises(BlockingIOError):
         listener.accept()
+    for key, s in unix_listeners.items():
+        with pytest.raises(BlockingIOError):
+            s.accept() if key != "@UNIX_DGRAM@" else s.recv(16)
     # pool intact and no state carried into the next run on either worker
     assert sandbox.live_workers() == sandbox.workers
+    probe_code = PROBE.replace("@NCPU@", str(len(os.sched_getaffinity(0))))
     for _ in range(sandbox.workers):
-        probe = sandbox.run(PROBE)
+        probe = sandbox.run(probe_code)
         assert (probe.status, probe.stdout) == ("ok", PROBE_OUT), probe
     assert len(ATTACKS) >= 25
 
