@@ -152,6 +152,7 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
         reference_gradient,
     )
     from compassplay.step.prompting import reference_examples
+    from compassplay.workers.builders import freeze_except, scorer_params
 
     rows_path = out / ROWS_FILE
     done = {json.loads(x)["task_id"] for x in rows_path.read_text().splitlines() if x.strip()} \
@@ -161,13 +162,15 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
         return
     model, tok = load_policy(cfg)
     model = model.float()
+    # as in a run: the learner steps `learner.trainable`, the cosine is over `scorer.params`
+    freeze_except(model, cfg.learner.trainable, "learner.trainable")
     pad = tok.pad_token_id
     items = load_reference(cfg.reference.path, cfg.reference.max_items)
     reference = reference_examples(tok, items)
     heldout = heldout_math(tok, data, [it.prompt for it in items], args.heldout_items,
                            args.max_target_tokens, cfg.run.seed)
     examples = [Example(c["prompt_ids"], c["target_ids"]) for c in todo]
-    scorer = GradientScorer(model, params="all", pad_id=pad,
+    scorer = GradientScorer(model, params=scorer_params(cfg.scorer.params, model), pad_id=pad,
                             max_batch_tokens=cfg.scorer.max_batch_tokens,
                             cpu_pass_tokens=cfg.scorer.cpu_pass_tokens)
     scorer.set_reference(reference)
