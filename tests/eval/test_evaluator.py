@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from compassplay.engines.base import GenerationEngine, SamplingParams
+from compassplay.eval import eval_prompts
 from compassplay.eval.benchmarks import BENCHMARKS
 from compassplay.eval.eval_records import EvalMetric
 from compassplay.eval.evaluator import Evaluator
@@ -173,3 +174,19 @@ def test_samples_give_pass_at_k_and_results_record_provenance(data_dir, tmp_path
     assert doc["versions"]["torch"] and "git_commit" in doc
     b = doc["benchmarks"]["cruxeval-o"]
     assert b["pass_at_k"]["4"] == r.pass_at_k["4"] and b["accuracy_stderr"] == 0.0
+
+
+def test_livecodebench_exec_is_prompted_like_cruxeval_o(data_dir, grader):
+    """LiveCodeBench's execution scenario asks CRUXEval-O's question of its function."""
+    tok = build_byte_tokenizer()
+    engine = ScriptedEngine(tok, {})
+    ev = Evaluator(None, tok, ["livecodebench-exec"], data_dir, grader=grader, chat=False,
+                   engine=engine)
+    (it,), _ = ev.items("livecodebench-exec")
+    engine.answers[it.code] = f"assert {it.entry_point}({it.input}) == {it.output}\n[/ANSWER]"
+    (r,) = ev.evaluate()
+    assert r.accuracy == 1.0 and r.n == 1
+    prompt = tok.decode(eval_prompts.encode(tok, eval_prompts.prompt_text(
+        "livecodebench-exec", it, False), False))
+    assert f"assert {it.entry_point}({it.input}) == ??" in prompt
+    assert engine.calls[0][1].stop == ["[/ANSWER]"]
