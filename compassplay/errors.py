@@ -31,3 +31,24 @@ class ResourceWaitError(FatalStageError):
     """Actors asking for a resource (e.g. `lean_repl`) were not placed within the configured
     wait: no node offers it and no autoscaler added one. A step that fails with it is not
     retried (it would wait again)."""
+
+
+class MissingExtraError(RunError, ImportError):
+    """A feature needs packages of an optional extra that is not installed; the message names
+    the extra and the command that installs it."""
+
+    def __init__(self, feature: str, extra: str, packages: list[str]) -> None:
+        super().__init__(f"{feature} needs the '{extra}' extra ({', '.join(packages)}), which "
+                         f"is not installed: pip install 'compassplay[{extra}]' (or `make "
+                         "setup`, which installs it)")
+        self.feature, self.extra, self.packages = feature, extra, packages
+
+
+def require_extra(feature: str, extra: str, modules: dict[str, str]) -> None:
+    """Raise MissingExtraError unless every module of `modules` (import name -> package name)
+    can be imported."""
+    import importlib.util
+
+    missing = [pkg for mod, pkg in modules.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        raise MissingExtraError(feature, extra, missing)

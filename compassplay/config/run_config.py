@@ -25,21 +25,51 @@ from compassplay.config.task_reward import ReferenceSection, RewardSection, Task
 
 
 class RunConfig(Section):
-    run: RunSection = Field(default_factory=RunSection)
-    model: ModelSection = Field(default_factory=ModelSection)
-    proposer: ProposerSection = Field(default_factory=ProposerSection)
-    solver: SolverSection = Field(default_factory=SolverSection)
-    task: TaskSection = Field(default_factory=TaskSection)
-    reward: RewardSection = Field(default_factory=RewardSection)
-    reference: ReferenceSection = Field(default_factory=ReferenceSection)
-    verifiers: VerifierSection = Field(default_factory=VerifierSection)
-    scorer: ScorerSection = Field(default_factory=ScorerSection)
-    learner: LearnerSection = Field(default_factory=LearnerSection)
-    pipeline: PipelineSection = Field(default_factory=PipelineSection)
-    bootstrap: BootstrapSection = Field(default_factory=BootstrapSection)
-    eval: EvalSection = Field(default_factory=EvalSection)
-    logging: LoggingSection = Field(default_factory=LoggingSection)
-    cluster: ClusterSection = Field(default_factory=ClusterSection)
+    run: RunSection = Field(
+        default_factory=RunSection,
+        description="the run's name, output folder, seed and torch threads")
+    model: ModelSection = Field(
+        default_factory=ModelSection,
+        description="the policy model: where it comes from and its dtype")
+    proposer: ProposerSection = Field(
+        default_factory=ProposerSection,
+        description="how the proposer role samples tasks (engine, decoding, batch)")
+    solver: SolverSection = Field(
+        default_factory=SolverSection,
+        description="how the solver role samples attempts (engine, decoding, samples per task)")
+    task: TaskSection = Field(
+        default_factory=TaskSection,
+        description="what is proposed: the domain, task types, seed set and task checks")
+    reward: RewardSection = Field(
+        default_factory=RewardSection,
+        description="the proposer's reward and its parameters")
+    reference: ReferenceSection = Field(
+        default_factory=ReferenceSection,
+        description="the reference set whose gradient the gradient rewards align with")
+    verifiers: VerifierSection = Field(
+        default_factory=VerifierSection,
+        description="the Python sandbox and the Lean verifier that check tasks and attempts")
+    scorer: ScorerSection = Field(
+        default_factory=ScorerSection,
+        description="the gradient-alignment scorer (gradient reward kinds)")
+    learner: LearnerSection = Field(
+        default_factory=LearnerSection,
+        description="the policy update (PPO-style), its optimizer, backend and checkpoints")
+    pipeline: PipelineSection = Field(
+        default_factory=PipelineSection,
+        description="the number of steps, rollout staleness and step retries")
+    bootstrap: BootstrapSection = Field(
+        default_factory=BootstrapSection,
+        description="the optional supervised format warm-up before self-play")
+    eval: EvalSection = Field(
+        default_factory=EvalSection,
+        description="benchmark evaluation during training")
+    logging: LoggingSection = Field(
+        default_factory=LoggingSection,
+        description="log level, progress bars, Prometheus endpoint, extra measurements")
+    cluster: ClusterSection = Field(
+        default_factory=ClusterSection,
+        description="Ray address, per-role actor resources and placement")
 
     @model_validator(mode="after")
     def _weight_sync_fits_engines(self) -> RunConfig:

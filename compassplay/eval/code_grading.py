@@ -1,7 +1,7 @@
 """Grade code benchmarks by execution; every program runs through the given code runner
 (production: `compassplay.verifiers.python_sandbox.PythonSandbox`, never the host).
 
-- cruxeval-o / livecodebench: `assert <gold output> == <predicted literal>` after the function;
+- cruxeval-o / livecodebench-exec: `assert <gold output> == <predicted literal>` after the function;
   a prediction that calls the function is rejected (CRUXEval's rule: a literal is asked for).
 - cruxeval-i: `assert <gold output> == f(<predicted input>)` after the function.
 - humaneval: the completed function, then the dataset's `check(entry_point)` tests.
@@ -42,7 +42,7 @@ def humaneval_program(item: EvalItem, prediction: str) -> str:
 
 def _prepare(kind: str, item: EvalItem, prediction: str) -> tuple[str | None, str, str]:
     """(program or None when rejected, extracted answer, rejection reason)."""
-    if kind in ("cruxeval-o", "livecodebench"):
+    if kind in ("cruxeval-o", "livecodebench-exec"):
         pred = crux_output(prediction, f"{item.entry_point}({item.input})")
         if not pred:
             return None, pred, "no answer"

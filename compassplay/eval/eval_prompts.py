@@ -8,6 +8,7 @@ HumanEval is a plain continuation of the function signature and docstring.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from compassplay.eval.eval_records import EvalItem
@@ -78,10 +79,20 @@ HUMANEVAL_CHAT = ("Complete the following Python function. Reply with the whole 
 CRUX_STOP = ["[/ANSWER]"]
 HUMANEVAL_BASE_STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#"]
 
+# Bump when a prompt or stop string changes (results record it; tests pin prompt_sha256()).
+PROMPT_VERSION = "1"
+
+
+def prompt_sha256() -> str:
+    """Hex sha256 over every prompt template and stop string, in a fixed order."""
+    parts = [CRUX_OUTPUT, CRUX_INPUT, MATH, HUMANEVAL_CHAT, *CRUX_STOP, *HUMANEVAL_BASE_STOP]
+    return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
+
 
 def prompt_text(kind: str, item: EvalItem, chat: bool) -> str:
-    """The prompt of `item` for a grader kind (cruxeval-i, cruxeval-o, humaneval, math)."""
-    if kind == "cruxeval-o":
+    """The prompt of `item` for a grader kind (cruxeval-i, cruxeval-o, livecodebench-exec,
+    humaneval, math). LiveCodeBench's execution scenario asks CRUXEval-O's question."""
+    if kind in ("cruxeval-o", "livecodebench-exec"):
         return CRUX_OUTPUT.format(code=item.code, fn=item.entry_point, input=item.input)
     if kind == "cruxeval-i":
         return CRUX_INPUT.format(code=item.code, fn=item.entry_point, output=item.output)
@@ -93,7 +104,7 @@ def prompt_text(kind: str, item: EvalItem, chat: bool) -> str:
 
 
 def stop_strings(kind: str, chat: bool) -> list[str]:
-    if kind.startswith("cruxeval"):
+    if kind.startswith("cruxeval") or kind == "livecodebench-exec":
         return list(CRUX_STOP)
     if kind == "humaneval" and not chat:
         return list(HUMANEVAL_BASE_STOP)

@@ -76,17 +76,27 @@ class ItemOutcome(_Record):
     correct: bool
     error: str = ""
     finish_reason: str = ""
+    sample: int | None = None  # None: the greedy completion; j: the j-th sampled one
 
 
 class EvalResult(_Record):
-    """One benchmark's result. `skipped` is the reason when it did not run (data missing)."""
+    """One benchmark's result. `skipped` is the reason when it did not run (data missing).
+
+    accuracy: greedy accuracy over n items, `accuracy_stderr` its binomial standard error
+    sqrt(p (1 - p) / n); with samples > 0 (at `temperature`), `pass_at_k` maps k (as text) to
+    the unbiased pass@k over `samples` completions per item; `data_sha256`: of the data file."""
 
     benchmark: str
     accuracy: float | None = None
+    accuracy_stderr: float | None = None
     n: int = 0
     correct: int = 0
+    samples: int = 0
+    temperature: float | None = None
+    pass_at_k: dict[str, float] = Field(default_factory=dict)
     skipped: str = ""
     data_path: str = ""
+    data_sha256: str = ""
     seconds: float = 0.0
     generate_seconds: float = 0.0
     grade_seconds: float = 0.0

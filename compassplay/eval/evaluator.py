@@ -1,5 +1,6 @@
 """`Evaluator`: greedy, batched generation on benchmarks, graded; plain Python (no Ray), so a
-Ray actor can own one and call `evaluate()` after each weight update.
+Ray actor can own one and call `evaluate()` after each weight update. With `samples=N` each
+item also gets N sampled completions (at `temperature`), reported as unbiased pass@k.
 
     with Evaluator(model, tokenizer, ["cruxeval-o", "math500"], data_dir) as ev:
         results = ev.evaluate()          # list[EvalResult], skipped ones included
@@ -13,9 +14,11 @@ from typing import Any
 
 from compassplay.engines.base import GenerationEngine, SamplingParams
 from compassplay.eval import eval_prompts
-from compassplay.eval.benchmarks import BENCHMARKS, find_data, load_items
+from compassplay.eval.benchmarks import BENCHMARKS, check_name, find_data, load_items
 from compassplay.eval.eval_records import EvalItem, EvalResult
 from compassplay.eval.grader import Grader, outcomes
+from compassplay.eval.pass_at_k import binomial_stderr, mean_pass_at_k, report_ks
+from compassplay.eval.provenance import file_sha256
 
 
 def cut_at_stop(text: str, stop: list[str]) -> str:
@@ -31,19 +34,23 @@ class Evaluator:
     per benchmark; max_new_tokens: None = each benchmark's default; engine: any
     `GenerationEngine` (default: the HF engine on `model`); grader: a `Grader` to share (else
     one is made and closed by close()); chat: use the chat template (None = when the
-    tokenizer has one); progress: tqdm bars."""
+    tokenizer has one); progress: tqdm bars; samples: sampled completions per item besides
+    the greedy one (0 = greedy only), drawn at `temperature` (> 0) with seeds 1..samples."""
 
     def __init__(self, model: Any, tokenizer: Any, benchmarks: list[str],
                  data_dir: str | Path | None = None, *, data_files: dict[str, str] | None = None,
                  batch_size: int = 8, max_new_tokens: int | None = None,
                  limit: int | None = None, engine: GenerationEngine | None = None,
                  grader: Grader | None = None, chat: bool | None = None,
-                 progress: bool = False) -> None:
-        unknown = [b for b in benchmarks if b not in BENCHMARKS]
-        if unknown:
-            raise ValueError(f"unknown benchmarks {unknown}; known: {', '.join(BENCHMARKS)}")
+                 progress: bool = False, samples: int = 0, temperature: float = 0.8) -> None:
+        for b in benchmarks:
+            check_name(b)
         if batch_size < 1:
             raise ValueError("batch_size must be >= 1")
+        if samples < 0 or (samples and temperature <= 0):
+            raise ValueError(f"samples must be >= 0 and temperature > 0 with samples "
+                             f"(samples={samples}, temperature={temperature})")
+        self.samples, self.temperature = samples, temperature
         self.benchmarks = list(benchmarks)
         self.tokenizer = tokenizer
         self.data_dir, self.data_files = data_dir, data_files or {}
@@ -57,6 +64,7 @@ class Evaluator:
         self.chat = eval_prompts.has_chat_template(tokenizer) if chat is None else chat
         self.progress = progress
         self._items: dict[str, tuple[list[EvalItem], str] | str] = {}
+        self._sha256: dict[str, str] = {}
 
     def items(self, name: str) -> tuple[list[EvalItem], str] | str:
         """(items, data path) of a benchmark, or the skip reason (cached)."""
@@ -64,6 +72,8 @@ class Evaluator:
             path, looked = find_data(name, self.data_dir, self.data_files)
             self._items[name] = (load_items(name, path, self.limit), str(path)) if path \
                 else f"data not found; looked for: {', '.join(looked)}"
+            if path:
+                self._sha256[name] = file_sha256(path)
         return self._items[name]
 
     def evaluate(self, benchmarks: list[str] | None = None) -> list[EvalResult]:
@@ -81,19 +91,40 @@ class Evaluator:
         grades = self._grader.grade(name, items, texts)
         t2 = time.perf_counter()
         correct = sum(g.correct for g in grades)
-        return EvalResult(benchmark=name, accuracy=correct / len(items) if items else 0.0,
-                          n=len(items), correct=correct, data_path=path, seconds=t2 - t0,
-                          generate_seconds=t1 - t0, grade_seconds=t2 - t1,
-                          items_per_s=len(items) / (t2 - t0) if t2 > t0 else 0.0,
-                          items=outcomes(items, texts, grades, finish))
+        acc = correct / len(items) if items else 0.0
+        gen_s, grade_s = t1 - t0, t2 - t1
+        outs = outcomes(items, texts, grades, finish)
+        hits = [0] * len(items)
+        for j in range(self.samples):
+            t3 = time.perf_counter()
+            s_texts, s_finish = self.generate(name, items, self.temperature, seed=j + 1)
+            t4 = time.perf_counter()
+            s_grades = self._grader.grade(name, items, s_texts)
+            gen_s, grade_s = gen_s + t4 - t3, grade_s + time.perf_counter() - t4
+            hits = [h + g.correct for h, g in zip(hits, s_grades, strict=True)]
+            outs += [o.model_copy(update={"sample": j})
+                     for o in outcomes(items, s_texts, s_grades, s_finish)]
+        secs = time.perf_counter() - t0
+        pass_k = {str(k): mean_pass_at_k(self.samples, hits, k)
+                  for k in report_ks(self.samples)} if self.samples else {}
+        return EvalResult(benchmark=name, accuracy=acc,
+                          accuracy_stderr=binomial_stderr(acc, len(items)), n=len(items),
+                          correct=correct, samples=self.samples,
+                          temperature=self.temperature if self.samples else None,
+                          pass_at_k=pass_k, data_path=path,
+                          data_sha256=self._sha256.get(name, ""), seconds=secs,
+                          generate_seconds=gen_s, grade_seconds=grade_s,
+                          items_per_s=len(items) / secs if secs > 0 else 0.0, items=outs)
 
-    def generate(self, name: str, items: list[EvalItem]) -> tuple[list[str], list[str]]:
-        """Greedy completions (stop strings cut off) and finish reasons, in item order.
-        Prompts are batched by length to waste little padding."""
+    def generate(self, name: str, items: list[EvalItem], temperature: float = 0.0,
+                 seed: int = 0) -> tuple[list[str], list[str]]:
+        """Completions (stop strings cut off) and finish reasons, in item order: greedy at
+        temperature 0, else sampled with `seed`. Prompts are batched by length to waste
+        little padding."""
         bench = BENCHMARKS[name]
         stop = eval_prompts.stop_strings(bench.kind, self.chat)
         params = SamplingParams(max_new_tokens=self.max_new_tokens or bench.max_new_tokens,
-                                temperature=0.0, stop=stop, seed=0)
+                                temperature=temperature, stop=stop, seed=seed)
         texts_in = [eval_prompts.prompt_text(bench.kind, it, self.chat) for it in items]
         ids = [eval_prompts.encode(self.tokenizer, t, self.chat) for t in texts_in]
         order = sorted(range(len(items)), key=lambda i: len(ids[i]))

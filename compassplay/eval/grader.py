@@ -17,6 +17,8 @@ from compassplay.eval.benchmarks import BENCHMARKS, find_data, load_items
 from compassplay.eval.code_grading import grade_code
 from compassplay.eval.eval_records import EvalItem, EvalResult, Grade, ItemOutcome
 from compassplay.eval.math_grading import MathGrader
+from compassplay.eval.pass_at_k import binomial_stderr
+from compassplay.eval.provenance import file_sha256
 
 
 class Grader:
@@ -105,7 +107,10 @@ def grade_file(path: str | Path, benchmark: str, data_dir: str | Path | None, gr
     grades = grader.grade(benchmark, chosen, texts)
     secs = time.perf_counter() - t0
     correct = sum(g.correct for g in grades)
-    return EvalResult(benchmark=benchmark, accuracy=correct / len(chosen) if chosen else 0.0,
-                      n=len(chosen), correct=correct, data_path=str(data), seconds=secs,
+    acc = correct / len(chosen) if chosen else 0.0
+    return EvalResult(benchmark=benchmark, accuracy=acc,
+                      accuracy_stderr=binomial_stderr(acc, len(chosen)), n=len(chosen),
+                      correct=correct, data_path=str(data), data_sha256=file_sha256(data),
+                      seconds=secs,
                       grade_seconds=secs, items_per_s=len(chosen) / secs if secs else 0.0,
                       items=outcomes(chosen, texts, grades))

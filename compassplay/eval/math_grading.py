@@ -20,6 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from compassplay.errors import require_extra
 from compassplay.eval.eval_records import EvalItem, Grade
 
 WORKER_MODULE = "compassplay.eval.math_worker"
@@ -106,6 +107,9 @@ class MathGrader:
         self.timeouts = 0
 
     def start(self) -> MathGrader:
+        """Start the worker processes; MissingExtraError when math-verify is not installed."""
+        if self.module == WORKER_MODULE:
+            require_extra("grading math benchmarks", "eval", {"math_verify": "math-verify"})
         with self._lock:
             if self._pool is None:
                 for _ in range(self.workers):

