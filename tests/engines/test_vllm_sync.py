@@ -298,3 +298,33 @@ def test_ipc_config_checks():
     check_weight_sync(load_config(None, [
         "learner.weight_sync=ipc", "solver.engine=vllm", "solver.enable_sleep_mode=true",
         "cluster.learner.num_gpus=0.5", "cluster.solver.num_gpus=0.5"]), embedded=False)
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_abort_and_error_finish_reasons_are_failures(reason):
+    llm = FakeLLM(_state(0.0))
+    llm.finish_reason = reason
+    gen = _engine(llm).generate([[1]], P)[0]
+    assert gen.finish_reason == "error" and gen.failed and reason in gen.error
+
+
+def test_sleep_mode_and_gpu_transports_are_refused_on_cpu():
+    from compassplay.config import ConfigError
+
+    with pytest.raises(ConfigError, match="proposer.enable_sleep_mode=true"):
+        _engine(FakeLLM(_state(0.0)), device="cpu", enable_sleep_mode=True, role="proposer")
+    eng = _engine(FakeLLM(_state(0.0)), device="cpu")
+    with pytest.raises(ConfigError, match="learner.weight_sync=nccl"):
+        eng.receive_weights_broadcast(1)
+    eng.load_weights(_state(1.0), 1)  # tensors in the RPC: every platform
+    assert eng.weight_version == 1
+
+
+def test_disabled_pynccl_is_an_error():
+    from types import SimpleNamespace
+
+    from compassplay.sync.pynccl import check_enabled
+
+    check_enabled(SimpleNamespace(disabled=False, available=True), 1, 3)
+    with pytest.raises(RuntimeError, match="PyNcclCommunicator is disabled on weight-sync rank 2"):
+        check_enabled(SimpleNamespace(disabled=True, available=False), 2, 3)
