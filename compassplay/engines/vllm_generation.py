@@ -103,7 +103,8 @@ class VLLMGenerationEngine(GenerationEngine):
 
     `kv_cache_bytes`: the KV cache's size in bytes (vLLM's ``kv_cache_memory_bytes``; 0 = vLLM
     sizes it from `gpu_memory_utilization` on a GPU, `CPU_KV_CACHE_BYTES` on CPU). `role`: the config
-    section (proposer/solver) named in config errors. `llm` / `sampling_params_cls` /
+    section (proposer/solver) named in config errors. `ignore_eos`: every completion runs to
+    max_new_tokens (benchmarks). `llm` / `sampling_params_cls` /
     `device`: an already built engine, its SamplingParams class and its platform ("cpu" or
     "cuda"); the CPU unit tests pass a fake that speaks the same interface."""
 
@@ -111,10 +112,11 @@ class VLLMGenerationEngine(GenerationEngine):
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
                  sleep_level: int = 1, seed: int = 0, tensor_parallel_size: int = 1,
                  weight_version: int = 0, bucket_bytes: int = 256 << 20,
-                 kv_cache_bytes: int = 0, role: str = "solver", llm: Any = None,
+                 kv_cache_bytes: int = 0, role: str = "solver", ignore_eos: bool = False,
+                 llm: Any = None,
                  sampling_params_cls: Any = None, device: str | None = None,
                  **llm_kwargs: Any) -> None:
-        self.role = role
+        self.role, self.ignore_eos = role, ignore_eos
         if llm is None:
             vllm = import_vllm()
             device = vllm_device()
@@ -179,7 +181,8 @@ class VLLMGenerationEngine(GenerationEngine):
             n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
             top_p=params.top_p, stop=list(params.stop) or None,
             seed=None if params.seed is None else params.seed + i, logprobs=0,
-            include_stop_str_in_output=True, skip_special_tokens=True)
+            include_stop_str_in_output=True, skip_special_tokens=True,
+            **({"ignore_eos": True} if self.ignore_eos else {}))
 
     def rejection(self, prompt: list[int]) -> str:
         """Why vLLM would reject `prompt` ('' if it would not)."""
