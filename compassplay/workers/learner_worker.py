@@ -130,6 +130,9 @@ class LearnerWorker:
             raise RuntimeError("learner.weight_sync=ipc: the learner has no GPU "
                                "(cluster.learner.num_gpus > 0 and CUDA are needed)")
         state = [(k, v.to(device)) for k, v in self.weights("solver").items()]
+        # the engines wake (weights, then KV cache) right after this: hand back the blocks
+        # the learner's step left cached in torch's allocator first
+        torch.cuda.empty_cache()
         self._ipc = publish({device_id(device): state}, self.weight_version)
         return self.weight_version, self._ipc.path
 
