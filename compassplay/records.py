@@ -33,7 +33,16 @@ class Generation(Record):
     logprobs: list[float]
     text: str
     weight_version: int = 0
-    finish_reason: Literal["stop", "length"] = "stop"
+    # stop/length: a completion; rejected: the engine refused the prompt (over the context
+    # length, empty), error: the request failed (vLLM abort/error). Both carry `error` and
+    # no tokens worth training on; the stages mark their task invalid.
+    finish_reason: Literal["stop", "length", "rejected", "error"] = "stop"
+    error: str = ""
+
+    @property
+    def failed(self) -> bool:
+        """The engine produced no usable completion (see `error`)."""
+        return self.finish_reason in ("rejected", "error")
 
 
 class Task(Record):
@@ -133,6 +142,9 @@ class StepStats(Record):
 
     step: int
     weight_version: int
+    # the weight version each role's generations of this step used (None: none generated)
+    proposer_weight_version: int | None = None
+    solver_weight_version: int | None = None
     proposals: int
     valid: int
     eligible: int

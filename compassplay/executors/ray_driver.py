@@ -12,9 +12,11 @@ scoring and learning of step k.
 
 With `learner.weight_sync=nccl` (GPU) the learner instead broadcasts each new version to the
 proposer, solver and scorers over an NCCL group (`compassplay.sync.channel`): the driver
-pairs `learner.broadcast()` with `receive(v)` on every receiver, submitted together right
-after `learn(k)`, so each receiver takes version v before its next stage call (staleness then
-acts as 0: a receiver's next rollout waits for the broadcast). Ranks: the learner is 0, each
+submits `learner.broadcast()` and `receive()` on every receiver together right after
+`learn(k)`, with no ObjectRef between them (each receiver takes the version the broadcast's
+header carries and refuses an older one), so sender and receivers meet in the collective;
+each receiver takes the new version before its next stage call (staleness then acts as 0).
+The next broadcast first waits for the previous one's calls (`_settle_sync`). Ranks: the learner is 0, each
 receiver a block of its own, a vLLM engine one rank per TP worker (`sync.ranks`).
 
 With `learner.weight_sync=ipc` (vLLM engines colocated on the learner's GPU, sleeping between
@@ -128,9 +130,11 @@ class Pipeline:
         role (version ref, [state ref]); with nccl sync, broadcast them now (state: [])."""
         learner = self.actors.learner
         if self.nccl:
+            self._settle_sync()
             version = learner.broadcast.remote()
-            for receiver in self._receivers():
-                receiver.receive.remote(version)
+            # No ObjectRef argument: Ray would start each receiver only after the broadcast
+            # returned, while a broadcast of more than one bucket waits for the receivers.
+            self.sync_calls = [version] + [r.receive.remote() for r in self._receivers()]
             return {"solver": (version, []), "proposer": (version, [])}
         if self.ipc:
             update = learner.publish_ipc.remote()
@@ -145,8 +149,24 @@ class Pipeline:
             out[role] = (version, [state])
         return out
 
+    def _settle_sync(self, log_every_s: float = 60.0) -> None:
+        """Wait for the previous broadcast's calls (learner and every receiver) and raise
+        the first failure; logs what it waits for every `log_every_s`."""
+        pending, started = list(getattr(self, "sync_calls", [])), time.monotonic()
+        last = started
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            self.stop.check()
+            if pending and time.monotonic() - last >= log_every_s:
+                last = time.monotonic()
+                log.info("waiting %.0f s for the weight broadcast: %d of its calls (learner "
+                         "and receivers) still running", last - started, len(pending))
+        calls, self.sync_calls = getattr(self, "sync_calls", []), []
+        ray.get(calls)
+
     def _reset_weights(self, after_step: int) -> None:
         if self.nccl:  # (re-)form the group: a restarted receiver has left the old one
+            self.sync_calls = []  # calls of the old group: their failure is why we are here
             self._init_sync()
         self.gate.reset(after_step, self._snapshot())
 

@@ -70,6 +70,9 @@ def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfi
     tasks = []
     for gen, (task_type, prefix, seed_ids, task_id) in zip(gens, meta, strict=True):
         task = env.parse_proposal(task_type, prefix + gen.text, seed_ids, task_id)
+        if gen.failed:  # the engine rejected the prompt or the request failed
+            task = task.model_copy(update={"valid": False,
+                                           "invalid_reason": f"generation: {gen.error}"})
         seed = env.seed_of(seed_ids[0]) if seed_ids else None
         tasks.append(task.model_copy(update={
             "proposal": gen, "seed_program": seed.program if seed else "",
@@ -95,8 +98,9 @@ def _generate(engine: GenerationEngine, prompts: list[list[int]],
 
 
 def validate(env: Environment, tasks: list[Task]) -> list[Task]:
-    """Well-posedness through the sandbox; unparsed proposals pass through unchanged."""
-    parsed = [t for t in tasks if not t.invalid_reason.startswith("parse:")]
+    """Well-posedness through the sandbox; unparsed proposals (and those whose generation
+    failed) pass through unchanged."""
+    parsed = [t for t in tasks if not t.invalid_reason.startswith(("parse:", "generation:"))]
     checked = {t.task_id: t for t in env.validate(parsed)} if parsed else {}
     return [checked.get(t.task_id, t) for t in tasks]
 
@@ -213,16 +217,17 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
 
 def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attempt],
                       verdicts: list[Verdict], scores: list[Score]) -> list[Trajectory]:
-    """Proposer trajectories (one per proposal) and solver trajectories (one per attempt)."""
+    """Proposer trajectories (one per proposal) and solver trajectories (one per attempt);
+    a generation the engine failed (`Generation.failed`: no tokens to train on) gives none."""
     by_task = {t.task_id: t for t in tasks}
     out = []
     for sc in scores:
         task = by_task[sc.task_id]
-        if task.proposal is not None:
+        if task.proposal is not None and not task.proposal.failed:
             out.append(Trajectory(generation=task.proposal, reward=sc.reward, role="proposer",
                                   task_type=task.task_type, task_id=task.task_id))
     for att, ver in zip(attempts, verdicts, strict=True):
-        if att.generation is not None:
+        if att.generation is not None and not att.generation.failed:
             out.append(Trajectory(generation=att.generation, reward=env.solver_reward(att, ver),
                                   role="solver", task_type=by_task[att.task_id].task_type,
                                   task_id=att.task_id))
@@ -259,6 +264,8 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
                                        if s.task_id in {t.task_id for t in mine})}
     return StepStats(
         step=step, weight_version=stats.weight_version, proposals=len(tasks),
+        proposer_weight_version=_version_of([t.proposal for t in tasks]),
+        solver_weight_version=_version_of([a.generation for a in attempts]),
         valid=sum(t.valid for t in tasks), eligible=sum(s.eligible for s in scores),
         solve_rate_mean=_mean_std(proposed_rates)[0], reward_mean=r_mean, reward_std=r_std,
         reward_distinct=len({round(s.reward, 12) for s in scores if s.eligible}),
@@ -268,6 +275,12 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
         solve_rates=proposed_rates,
         parse_failures=dict(parse), invalid_reasons=dict(invalid), by_task_type=by_type,
         **cost, **_domain_fields(domain, scores))
+
+
+def _version_of(gens: list[Generation | None]) -> int | None:
+    """The oldest weight version among `gens` (None when there are none)."""
+    versions = [g.weight_version for g in gens if g is not None]
+    return min(versions) if versions else None
 
 
 def _domain_fields(domain: dict[str, float] | None, scores: list[Score]) -> dict:

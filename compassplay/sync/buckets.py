@@ -15,8 +15,6 @@ from typing import Any, Protocol
 
 import torch
 
-from compassplay.engines.base import GenerationEngine
-
 
 class Broadcaster(Protocol):
     """The collective a `NCCLBroadcastSync` needs (torch.distributed or vLLM's PyNccl)."""
@@ -64,28 +62,56 @@ class NCCLBroadcastSync:
                               for i in idx])
             self.comm.broadcast(flat, self.src)
 
-    def receive(self) -> tuple[dict[str, torch.Tensor], int]:
-        """Called on every other rank: the broadcast state dict (on `device`) and its version."""
+    def receive_buckets(self) -> tuple[int, Iterator[list[tuple[str, torch.Tensor]]]]:
+        """Called on every other rank: the announced version (from the header) and an iterator
+        of buckets, each a list of (name, tensor on `device`) in the sender's order. The
+        iterator must be drained (every rank takes part in every bucket's collective); a
+        tensor is a view into its bucket's buffer, valid until the caller drops it."""
         header = self.comm.broadcast_object(None, self.src)
         meta = header["meta"]
-        state: dict[str, torch.Tensor] = {}
-        for idx in _buckets(meta, self.bucket_bytes):
-            flat = torch.empty(sum(meta[i][3] for i in idx), dtype=torch.uint8,
-                               device=self.device)
-            self.comm.broadcast(flat, self.src)
-            off = 0
-            for i in idx:
-                name, dtype_name, shape, nbytes = meta[i]
-                dtype = getattr(torch, dtype_name)
-                chunk = flat[off:off + nbytes]
-                if off % torch.empty((), dtype=dtype).element_size():
-                    chunk = chunk.clone()  # view(dtype) needs an aligned offset
-                state[name] = chunk.view(dtype).reshape(shape)
-                off += nbytes
-        return state, int(header["version"])
 
-    def receive_into(self, engine: GenerationEngine) -> int:
-        """Receive and load into `engine` (refusing an older version); returns the version."""
-        state, version = self.receive()
-        engine.load_weights(state, version)
-        return version
+        def buckets() -> Iterator[list[tuple[str, torch.Tensor]]]:
+            for idx in _buckets(meta, self.bucket_bytes):
+                flat = torch.empty(sum(meta[i][3] for i in idx), dtype=torch.uint8,
+                                   device=self.device)
+                self.comm.broadcast(flat, self.src)
+                part, off = [], 0
+                for i in idx:
+                    name, dtype_name, shape, nbytes = meta[i]
+                    dtype = getattr(torch, dtype_name)
+                    chunk = flat[off:off + nbytes]
+                    if off % torch.empty((), dtype=dtype).element_size():
+                        chunk = chunk.clone()  # view(dtype) needs an aligned offset
+                    part.append((name, chunk.view(dtype).reshape(shape)))
+                    off += nbytes
+                yield part
+
+        return int(header["version"]), buckets()
+
+    def receive(self) -> tuple[dict[str, torch.Tensor], int]:
+        """Called on every other rank: the broadcast state dict (on `device`) and its version."""
+        version, parts = self.receive_buckets()
+        return {name: t for part in parts for name, t in part}, version
+
+
+def encode_named(named: list[tuple[str, torch.Tensor]]) -> list[list]:
+    """[(name, tensor)] as msgpack-plain [name, dtype, shape, raw bytes] items (CPU copies).
+
+    vLLM's v1 RPC (LLM -> engine core, msgpack) decodes its arguments without a schema: a
+    tensor arrives as [dtype, shape, data] whose data is an index into buffers the worker
+    never sees once it is over a few hundred bytes; `bytes` always travel inline."""
+    out = []
+    for name, t in named:
+        t = t.detach().to("cpu").contiguous()
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes()
+        out.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), raw])
+    return out
+
+
+def decode_named(items: list) -> list[tuple[str, torch.Tensor]]:
+    """The inverse of `encode_named` (tensors own their memory, on CPU)."""
+    out = []
+    for name, dtype_name, shape, raw in items:
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        out.append((str(name), flat.view(getattr(torch, dtype_name)).reshape(list(shape))))
+    return out

@@ -39,8 +39,8 @@ from typing import Any, Literal
 import torch
 
 from compassplay.config import ConfigError, RunConfig
-from compassplay.engines.base import StaleWeightsError
 from compassplay.sync.buckets import NCCLBroadcastSync
+from compassplay.sync.versions import StaleWeightsError, check_offered
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class NcclChannel:
         device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
                   else torch.device("cpu"))
         if transport == "vllm":
-            from compassplay.engines.vllm_worker import vllm_broadcast_group
+            from compassplay.sync.pynccl import vllm_broadcast_group
 
             comm: Any = vllm_broadcast_group(master_addr, master_port, rank, world_size, device)
         else:
@@ -173,9 +173,10 @@ class NcclChannel:
         self.sync.send(state, version)
         self.version = version
 
-    def receive(self, version: int, like: dict[str, torch.Tensor] | None = None
+    def receive(self, version: int | None, like: dict[str, torch.Tensor] | None = None
                 ) -> dict[str, torch.Tensor]:
-        """The state dict the learner is broadcasting now, announced as `version`.
+        """The state dict the learner is broadcasting now, announced as `version` (None:
+        the version its header carries; read it from `self.version` afterwards).
 
         Raises `StaleWeightsError` for a version below the one held and RuntimeError for one
         other than `version` (both after draining, so later broadcasts still line up). `like`,
@@ -183,11 +184,7 @@ class NcclChannel:
         if self.rank == 0:
             raise RuntimeError("rank 0 (the learner) sends; it cannot receive")
         state, got = self.sync.receive()
-        if got < self.version:
-            raise StaleWeightsError(f"refusing weight version {got}: this receiver already "
-                                    f"holds version {self.version}")
-        if got != version:
-            raise RuntimeError(f"expected weight version {version}, the learner sent {got}")
+        check_offered(self.version, version, got)
         if like is not None:
             bad = sorted(set(like) ^ set(state)) or [k for k in like
                                                      if like[k].shape != state[k].shape]

@@ -117,21 +117,32 @@ def freeze_except(model: torch.nn.Module, spec: str, field: str) -> int:
 
 def vllm_options(cfg: RunConfig, section: SamplingSection) -> dict:
     """The `VLLMGenerationEngine` keyword arguments a role's config asks for."""
+    role = "proposer" if section is cfg.proposer else "solver"
     opts = {"dtype": cfg.model.dtype, "seed": cfg.run.seed,
             "gpu_memory_utilization": section.gpu_memory_utilization,
             "tensor_parallel_size": section.tensor_parallel_size,
             "enable_sleep_mode": section.enable_sleep_mode,
-            "sleep_level": section.sleep_level}
+            "sleep_level": section.sleep_level, "role": role,
+            "bucket_bytes": cfg.learner.sync_bucket_mb << 20}
+    if section.enforce_eager:
+        opts["enforce_eager"] = True
+    if section.kv_cache_mb:
+        opts["kv_cache_bytes"] = section.kv_cache_mb << 20
     if section.max_model_len:
         opts["max_model_len"] = section.max_model_len
     return opts
 
 
 def vllm_model_path(cfg: RunConfig) -> str:
-    """What vLLM loads itself (it needs model.source=local or hub)."""
+    """What vLLM loads itself: a local HF dir, a hub id, or SmolLM2 converted by the model
+    cache (model.source=smollm2-gguf)."""
+    if cfg.model.source == "smollm2-gguf":
+        from compassplay.models.loading import model_cache_dir, prepare_smollm2
+
+        return str(prepare_smollm2(model_cache_dir(cfg.model)))
     if cfg.model.source not in ("local", "hub"):
-        raise ConfigError("proposer/solver.engine=vllm needs model.source=local or hub "
-                          "with model.name_or_path (vLLM loads the weights itself)")
+        raise ConfigError("proposer/solver.engine=vllm needs model.source=local, hub or "
+                          "smollm2-gguf (vLLM loads the weights itself)")
     if cfg.model.source == "local":
         from compassplay.models.loading import resolve_local
 

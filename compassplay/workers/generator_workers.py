@@ -30,8 +30,8 @@ class _GeneratorWorker(Versioned):
 
     A vLLM role loads no HF model (vLLM loads `model.name_or_path` itself; the role only needs
     its tokenizer) and takes weights in its engine's workers: NCCL broadcast, CUDA IPC from a
-    colocated learner, or the object store (the engine hands the state to its workers as CUDA
-    IPC handles). With `enable_sleep_mode` it sleeps after each generation stage."""
+    colocated learner, or the object store (the engine sends the tensors in vLLM's RPC). With
+    `enable_sleep_mode` it sleeps after each generation stage."""
 
     def __init__(self, cfg: RunConfig, section: SamplingSection, role: str) -> None:
         self.cfg, self.section = cfg, section
@@ -64,7 +64,9 @@ class _GeneratorWorker(Versioned):
         else:
             super().init_sync(addr, port, rank, world_size)
 
-    def receive(self, version: int) -> int:
+    def receive(self, version: int | None = None) -> int:
+        """Take the broadcast the learner sends now (`version`: the one announced; None:
+        the broadcast's own, refused if older than the one held); returns the version held."""
         if not self.vllm:
             return super().receive(version)
         # vLLM receives in its workers, loads in place and refuses older versions itself

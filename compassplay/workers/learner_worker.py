@@ -121,7 +121,7 @@ class LearnerWorker:
         """Publish the current (shared-model) weights on this learner's GPU as CUDA IPC
         handles (`sync.ipc`); returns (version, handle file). They stay alive until
         `release_ipc`, which the driver calls after every receiver loaded them."""
-        from compassplay.engines.vllm_worker import device_uuid
+        from compassplay.sync.identity import device_id
         from compassplay.sync.ipc import publish
 
         self.release_ipc()
@@ -130,7 +130,10 @@ class LearnerWorker:
             raise RuntimeError("learner.weight_sync=ipc: the learner has no GPU "
                                "(cluster.learner.num_gpus > 0 and CUDA are needed)")
         state = [(k, v.to(device)) for k, v in self.weights("solver").items()]
-        self._ipc = publish({device_uuid(device): state}, self.weight_version)
+        # the engines wake (weights, then KV cache) right after this: hand back the blocks
+        # the learner's step left cached in torch's allocator first
+        torch.cuda.empty_cache()
+        self._ipc = publish({device_id(device): state}, self.weight_version)
         return self.weight_version, self._ipc.path
 
     def release_ipc(self, *loaded: int) -> None:

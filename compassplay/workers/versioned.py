@@ -46,10 +46,12 @@ class Versioned:
         self.channel = open_channel(self.cfg, addr, port, rank, world_size,
                                     version=self.weight_version)
 
-    def receive(self, version: int) -> int:
-        """Take the broadcast the learner is sending now as `version`; returns the version held."""
+    def receive(self, version: int | None = None) -> int:
+        """Take the broadcast the learner is sending now (`version`: the one announced; None:
+        the broadcast's own, refused if older than the one held); returns the version held."""
         if self.channel is None:
             raise RuntimeError("receive() before init_sync(): this role is not in the "
                                "learner's weight-sync group (restarted actor?)")
-        self.sync(self.channel.receive(version), version)
+        state = self.channel.receive(version)
+        self.sync(state, self.channel.version)
         return self.weight_version

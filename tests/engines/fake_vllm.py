@@ -1,9 +1,11 @@
 """A CPU stand-in for ``vllm.LLM`` as `VLLMGenerationEngine` uses it.
 
 `FakeLLM(tp)` holds `tp` fake workers, each a `FakeWorker` (the real
-`WeightSyncWorkerExtension` mixed into a minimal worker: `rank`, `device`, `model_runner.model`),
+`WeightSyncWorkerExtension` mixed into a minimal worker: `rank`, `device`, `get_model()`),
 and speaks: ``collective_rpc(method, args)`` (every worker, concurrently like vLLM's TP ranks;
-any tensor in `args` fails, as it would after vLLM's msgpack encoding), ``sleep(level)``,
+arguments arrive as vLLM's msgpack decoding delivers them: tuples become lists, a tensor is
+legal but arrives as [dtype, shape, buffer index], not a tensor; a worker's exception comes
+back wrapped as vLLM wraps it), ``sleep(level)``,
 ``wake_up(tags)``, ``reset_prefix_cache()``, ``generate(...)``, ``get_tokenizer()``. Every call is
 appended to `log`. Workers join the weight group over gloo (`StoreBroadcaster`) instead of
 PyNccl, and report ``fake-gpu-<rank>`` as their GPU UUID.
@@ -21,14 +23,11 @@ import torch
 from compassplay.engines.vllm_worker import WeightSyncWorkerExtension
 from compassplay.sync.channel import StoreBroadcaster
 
-MSGPACK_TYPES = (str, int, float, bool, bytes, type(None))
+MSGPACK_TYPES = (str, int, float, bool, bytes, type(None), torch.Tensor)
 
 
 def assert_msgpack_plain(value: Any, where: str) -> None:
-    """What survives vLLM's msgpack encoding with its meaning: plain values, lists, dicts."""
-    if isinstance(value, torch.Tensor):
-        raise AssertionError(f"{where}: a torch.Tensor in collective_rpc args (msgpack would "
-                             "turn it into a list)")
+    """What vLLM's v1 RPC encodes with its meaning: plain values, tensors, lists, dicts."""
     if isinstance(value, (list, tuple)):
         for v in value:
             assert_msgpack_plain(v, where)
@@ -38,6 +37,19 @@ def assert_msgpack_plain(value: Any, where: str) -> None:
             assert_msgpack_plain(v, where)
     elif not isinstance(value, MSGPACK_TYPES):
         raise AssertionError(f"{where}: {type(value).__name__} in collective_rpc args")
+
+
+def _encoded(value: Any) -> Any:
+    """`value` as the worker receives it from vLLM's schema-less msgpack decoding: tuples
+    become lists, a tensor becomes [dtype, shape, data] where data is an index into buffers
+    the worker never sees (anything over vLLM's inline threshold; always here)."""
+    if isinstance(value, (list, tuple)):
+        return [_encoded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encoded(v) for k, v in value.items()}
+    if isinstance(value, torch.Tensor):
+        return [str(value.dtype).removeprefix("torch."), list(value.shape), 1]
+    return value
 
 
 class FakeModel:
@@ -58,12 +70,31 @@ class FakeModel:
 
 
 class FakeWorker(WeightSyncWorkerExtension):
+    """The real extension; its vLLM seams (engine rank, layerwise reload, device, group)
+    replaced: `begun`/`finished` count reloads, the model is a `FakeModel`."""
+
     def __init__(self, rank: int, state: dict[str, torch.Tensor], llm: FakeLLM) -> None:
         self.rank, self.device = rank, torch.device("cpu")
-        self.model_runner = SimpleNamespace(model=FakeModel(state, llm))
+        self.model = FakeModel(state, llm)
         self.joined: tuple | None = None
+        self.begun = self.finished = 0
 
-    def _compassplay_uuid(self) -> str:
+    def get_model(self) -> FakeModel:
+        return self.model
+
+    def _compassplay_engine_rank(self) -> int:
+        return self.rank
+
+    def _compassplay_begin(self) -> None:
+        self.begun += 1
+
+    def _compassplay_load_part(self, named) -> None:
+        self.model.load_weights(weights=named)
+
+    def _compassplay_finish(self) -> None:
+        self.finished += 1
+
+    def _compassplay_device(self) -> str:
         return f"fake-gpu-{self.rank}"
 
     def _compassplay_join(self, host: str, port: int, rank: int, world_size: int) -> Any:
@@ -76,11 +107,13 @@ class FakeLLM:
     def __init__(self, state: dict[str, torch.Tensor], tp: int = 1) -> None:
         self.log: list[tuple] = []
         self.weights_awake = self.kv_awake = True
+        self.finish_reason = "stop"  # what generate() reports (tests set abort/error)
         self.workers = [FakeWorker(r, state, self) for r in range(tp)]
 
     def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
         assert_msgpack_plain(args, f"collective_rpc({method!r})")
         self.log.append(("rpc", method))
+        args = _encoded(args)
         out: list[Any] = [None] * len(self.workers)
         errors: list[BaseException] = []
 
@@ -95,8 +128,9 @@ class FakeLLM:
             t.start()
         for t in threads:
             t.join(120)
-        if errors:
-            raise errors[0]
+        if errors:  # vLLM wraps a worker's exception; its message carries the original
+            raise RuntimeError(f"Call to collective_rpc method failed: Worker failed with "
+                               f"error '{type(errors[0]).__name__}: {errors[0]}'") from errors[0]
         assert_msgpack_plain(out, f"collective_rpc({method!r}) result")
         return out
 
@@ -121,11 +155,12 @@ class FakeLLM:
     def generate(self, prompts, params, use_tqdm: bool = False):
         assert self.weights_awake and self.kv_awake, "generate while asleep"
         self.log.append(("generate", len(prompts)))
-        first = self.workers[0].model_runner.model.params
+        first = self.workers[0].model.params
         tok = int(next(iter(first.values())).flatten()[0].item() * 1000) % 100
         step = {tok: SimpleNamespace(logprob=-0.5)}
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[tok], logprobs=[step],
-                                                         text=str(tok), finish_reason="stop")])
+                                                         text=str(tok),
+                                                         finish_reason=self.finish_reason)])
                 for _ in prompts]
 
 

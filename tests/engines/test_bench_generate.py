@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 
 import pytest
+import torch
 
 from compassplay.bench import generate
 from compassplay.config import ConfigError
@@ -23,9 +23,39 @@ def test_bench_generate_micro_json():
     assert out["results"][0]["batch_size"] == 2 and out["new_tokens"] == 4
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm installed")
-def test_bench_generate_vllm_unavailable(capsys):
-    with pytest.raises(ConfigError, match=r"compassplay\[gpu\]"):
+def test_bench_generate_vllm_unavailable(capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(ConfigError, match="make setup"):
         generate.run(_args("--engine", "vllm", "--reps", "1"))
-    assert generate.main(["--engine", "vllm", "--json"]) == 2
+    assert generate.main(["--engine", "both", "--json"]) == 2
     assert "vllm" in capsys.readouterr().err
+
+
+def test_bench_generate_both_engines_same_prompts_side_by_side(monkeypatch):
+    """The wiring of `--engine both` (the real vLLM engine's numbers: docs/measurements)."""
+    from compassplay.engines.vllm_generation import VLLMGenerationEngine
+    from tests.engines.fake_vllm import FakeLLM, fake_sampling_params
+
+    real, seen = generate._engine, {}
+
+    def engine(kind, name, device, seed):
+        if kind == "hf":
+            eng, vocab = real(kind, name, device, seed)
+        else:
+            eng, vocab = VLLMGenerationEngine("unused", tokenizer=object(), llm=FakeLLM(
+                {"w": torch.ones(2)}), sampling_params_cls=fake_sampling_params,
+                device="cpu"), 256
+        gen = eng.generate
+        eng.generate = lambda prompts, params: seen.setdefault(kind, []).append(
+            prompts) or gen(prompts, params)
+        return eng, vocab
+
+    monkeypatch.setattr(generate, "_engine", engine)
+    out = generate.run(_args("--engine", "both", "--batch-size", "2", "--new-tokens", "4",
+                             "--prompt-tokens", "3", "--reps", "1"))
+    hf, vllm = out["results"]
+    assert (hf["engine"], hf["device"], vllm["engine"], vllm["device"]) == (
+        "hf", "cpu", "vllm", "cpu")
+    assert seen["hf"] == seen["vllm"] and vllm["tokens_per_s"] > 0

@@ -1,5 +1,6 @@
-"""The vLLM weight-update protocol on CPU, against a fake engine (tests/engines/fake_vllm.py)
-that fails if a tensor is put into collective_rpc arguments."""
+"""The vLLM weight-update protocol against a fake engine (tests/engines/fake_vllm.py) that
+encodes RPC arguments and wraps worker errors as vLLM does; the NCCL group runs over gloo.
+The same protocol against real vLLM (CPU build): tests/engines/test_vllm.py."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _engine(llm: FakeLLM, **kw) -> VLLMGenerationEngine:
 
 
 def _held(llm: FakeLLM) -> list[dict[str, torch.Tensor]]:
-    return [w.model_runner.model.params for w in llm.workers]
+    return [w.model.params for w in llm.workers]
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -43,25 +44,44 @@ def _rpcs(llm: FakeLLM) -> list[str]:
     return [e[1] for e in llm.log if e[0] == "rpc"]
 
 
-def test_fake_refuses_tensors_and_engine_guards_rpc_args():
+def test_missing_vllm_is_a_clear_config_error(monkeypatch):
+    import sys
+
+    from compassplay.config import ConfigError
+    from compassplay.engines import make_generation_engine
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    with pytest.raises(ConfigError, match="engine 'vllm'.*make setup"):
+        make_generation_engine("vllm", "/nonexistent/model")
+    with pytest.raises(ValueError, match="unknown generation engine"):
+        make_generation_engine("tgi", None)
+
+
+def test_tensors_travel_in_rpc_args_and_worker_errors_come_back_wrapped():
     llm = FakeLLM(_state(0.0))
-    with pytest.raises(AssertionError, match="torch.Tensor"):
-        llm.collective_rpc("compassplay_set_version", args=(torch.tensor(1),))
-    eng = _engine(llm)
-    with pytest.raises(TypeError, match="never tensors"):
-        eng._rpc("compassplay_set_version", torch.tensor(1))
+    assert llm.collective_rpc("compassplay_set_version", args=(3,)) == [3]
+    with pytest.raises(AssertionError, match="object in collective_rpc"):
+        llm.collective_rpc("compassplay_set_version", args=(object(),))
+    # a tensor is legal, but arrives as vLLM's schema-less decoding leaves it: not a tensor
+    seen = []
+    llm.workers[0].compassplay_echo = lambda x: seen.append(x) or 0
+    llm.collective_rpc("compassplay_echo", args=(torch.ones(100),))
+    assert seen == [["float32", [100], 1]]
+    with pytest.raises(RuntimeError, match="Worker failed with error 'RuntimeError: bucket"):
+        llm.collective_rpc("compassplay_load_tensors", args=([], 1, False, True))
 
 
-def test_object_store_path_loads_by_ipc_handles_in_buckets():
-    """load_weights (object store, local executor): tensors never cross the RPC; several
-    buckets; the version changes once, after every worker confirmed the last one."""
+def test_object_store_path_sends_tensors_in_buckets_in_one_reload():
+    """load_weights (object store, local executor): the tensors go in the RPC, in buckets;
+    one layerwise reload spans them; the version changes once, after the last bucket."""
     llm = FakeLLM(_state(0.0), tp=2)
     eng = _engine(llm, bucket_bytes=40)  # 48, then 20 + 8 bytes: two buckets
     assert eng.generate([[1]], P)[0].weight_version == 0
     eng.load_weights(_state(1.0), 1)
     assert eng.weight_version == 1
     assert all(_equal(h, _state(1.0)) for h in _held(llm))
-    assert _rpcs(llm)[-3:] == ["compassplay_device_uuid"] + ["compassplay_load_ipc"] * 2
+    assert _rpcs(llm)[-3:] == ["compassplay_load_tensors"] * 2 + ["compassplay_device_id"]
+    assert [(w.begun, w.finished) for w in llm.workers] == [(1, 1), (1, 1)]
     assert eng.generate([[1]], P)[0].weight_version == 1
     with pytest.raises(StaleWeightsError):
         eng.load_weights(_state(0.5), 0)
@@ -71,13 +91,14 @@ def test_object_store_path_loads_by_ipc_handles_in_buckets():
 def test_failed_load_keeps_old_version_and_blocks_generation_until_a_good_load():
     llm = FakeLLM(_state(0.0), tp=2)
     eng = _engine(llm, bucket_bytes=40)
-    llm.workers[1].model_runner.model.fail_on = {"layer.0.b16"}  # the last bucket fails
+    llm.workers[1].model.fail_on = {"layer.0.b16"}  # the last bucket fails
     with pytest.raises(RuntimeError, match="injected"):
         eng.load_weights(_state(1.0), 1)
     assert eng.weight_version == 0
     with pytest.raises(RuntimeError, match="partly loaded"):
         eng.generate([[1]], P)  # worker 1 holds part of version 1
-    llm.workers[1].model_runner.model.fail_on = set()
+    assert llm.workers[1].finished == 1  # the failed reload was ended (old layers kept)
+    llm.workers[1].model.fail_on = set()
     eng.load_weights(_state(2.0), 2)
     assert eng.weight_version == 2 and eng.generate([[1]], P)[0].weight_version == 2
 
@@ -85,7 +106,7 @@ def test_failed_load_keeps_old_version_and_blocks_generation_until_a_good_load()
 def test_a_worker_reporting_another_version_is_not_taken():
     llm = FakeLLM(_state(0.0), tp=2)
     eng = _engine(llm)
-    llm.workers[1].compassplay_load_ipc = lambda path, version, final=True: 7
+    llm.workers[1].compassplay_load_tensors = lambda named, version, first, final: 7
     with pytest.raises(RuntimeError, match="expected weight version 1"):
         eng.load_weights(_state(1.0), 1)
     assert eng.weight_version == 0
@@ -220,7 +241,7 @@ def test_make_generator_passes_vllm_options_and_role_needs_only_a_tokenizer(tmp_
         "model.source=local", f"model.name_or_path={tmp_path}", "model.dtype=bfloat16",
         "run.seed=7", "solver.engine=vllm", "solver.tensor_parallel_size=2",
         "solver.max_model_len=4096", "solver.enable_sleep_mode=true", "solver.sleep_level=2",
-        "solver.gpu_memory_utilization=0.7"])
+        "solver.gpu_memory_utilization=0.7", "solver.kv_cache_mb=64"])
     tok = builders.load_tokenizer(cfg)
     assert tok.encode("ab", add_special_tokens=False)
     seen = {}
@@ -230,7 +251,9 @@ def test_make_generator_passes_vllm_options_and_role_needs_only_a_tokenizer(tmp_
     builders.make_generator(cfg, cfg.solver, None, tok)
     assert seen == {"kind": "vllm", "model": str(tmp_path), "dtype": "bfloat16", "seed": 7,
                     "gpu_memory_utilization": 0.7, "tensor_parallel_size": 2,
-                    "enable_sleep_mode": True, "sleep_level": 2, "max_model_len": 4096}
+                    "enable_sleep_mode": True, "sleep_level": 2, "max_model_len": 4096,
+                    "role": "solver", "bucket_bytes": cfg.learner.sync_bucket_mb << 20,
+                    "kv_cache_bytes": 64 << 20}
 
 
 def test_generator_role_receives_ipc_and_sleeps_after_generation():
@@ -275,3 +298,33 @@ def test_ipc_config_checks():
     check_weight_sync(load_config(None, [
         "learner.weight_sync=ipc", "solver.engine=vllm", "solver.enable_sleep_mode=true",
         "cluster.learner.num_gpus=0.5", "cluster.solver.num_gpus=0.5"]), embedded=False)
+
+
+@pytest.mark.parametrize("reason", ["abort", "error"])
+def test_abort_and_error_finish_reasons_are_failures(reason):
+    llm = FakeLLM(_state(0.0))
+    llm.finish_reason = reason
+    gen = _engine(llm).generate([[1]], P)[0]
+    assert gen.finish_reason == "error" and gen.failed and reason in gen.error
+
+
+def test_sleep_mode_and_gpu_transports_are_refused_on_cpu():
+    from compassplay.config import ConfigError
+
+    with pytest.raises(ConfigError, match="proposer.enable_sleep_mode=true"):
+        _engine(FakeLLM(_state(0.0)), device="cpu", enable_sleep_mode=True, role="proposer")
+    eng = _engine(FakeLLM(_state(0.0)), device="cpu")
+    with pytest.raises(ConfigError, match="learner.weight_sync=nccl"):
+        eng.receive_weights_broadcast(1)
+    eng.load_weights(_state(1.0), 1)  # tensors in the RPC: every platform
+    assert eng.weight_version == 1
+
+
+def test_disabled_pynccl_is_an_error():
+    from types import SimpleNamespace
+
+    from compassplay.sync.pynccl import check_enabled
+
+    check_enabled(SimpleNamespace(disabled=False, available=True), 1, 3)
+    with pytest.raises(RuntimeError, match="PyNcclCommunicator is disabled on weight-sync rank 2"):
+        check_enabled(SimpleNamespace(disabled=True, available=False), 2, 3)

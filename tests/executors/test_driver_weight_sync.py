@@ -73,3 +73,20 @@ def test_ipc_snapshot_pairs_publish_receive_release(monkeypatch):
     assert calls[1][2] == ("learner.publish_ipc",) and calls[2][2] == ("solver.receive_ipc",)
     assert ("proposer", "receive_ipc") not in names  # the HF proposer takes the object store
     assert snap["solver"] == ("v", ["state"])
+
+
+def test_nccl_snapshot_starts_receivers_without_waiting_for_the_sender(monkeypatch):
+    """A receiver given the broadcast's ObjectRef would start only after the broadcast
+    returned, and a multi-bucket broadcast waits for its receivers: no ref between them."""
+    pipe, calls = _pipeline(["learner.weight_sync=nccl", "scorer.num_scorers=1"], monkeypatch)
+    monkeypatch.setattr(ray_driver.ray, "wait",
+                        lambda refs, num_returns=1, timeout=None: (refs, []))
+    snap = pipe._snapshot()
+    names = [(a, n, args) for a, n, args in calls]
+    assert names == [("learner", "broadcast", ()), ("proposer", "receive", ()),
+                     ("solver", "receive", ()), ("scorer0", "receive", ())]
+    assert snap["solver"] == ("learner.broadcast", [])
+    assert pipe.sync_calls == ["learner.broadcast", "proposer.receive", "solver.receive",
+                               "scorer0.receive"]
+    pipe._snapshot()  # the next broadcast first settles the previous one's calls
+    assert pipe.sync_calls[0] == "learner.broadcast" and len(calls) == 8
