@@ -123,6 +123,13 @@ class LoggingSection(Section):
                                  "Prometheus on another host (e.g. a KubeRay head pod)")
     progress: bool = True
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    tensorboard: bool = Field(True, description="TensorBoard event files in the run directory "
+                              "with every scalar of metrics.jsonl (`tensorboard --logdir "
+                              "runs`: one TensorBoard run per run directory)")
+    wandb: bool = Field(False, description="also log every scalar of metrics.jsonl to wandb, in "
+                        "offline mode under RUN_DIR/wandb (upload with `wandb sync`); needs "
+                        "wandb installed (it is not a dependency)")
+    wandb_project: str = Field("compassplay", description="wandb project name (logging.wandb)")
     reference_loss: bool = Field(False, description="after each update the learner logs the "
                                  "solver's mean loss on the reference set (StepStats."
                                  "reference_loss, nats/token): one no-grad forward over "

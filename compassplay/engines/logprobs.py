@@ -40,6 +40,16 @@ def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(targets[:, t] | input_ids[:, :t+1]) at temperature 1, float32 [B, L-1] (nats)."""
+    return token_logprobs_entropy(model, input_ids, attention_mask, targets)[0]
+
+
+def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
+                           attention_mask: torch.Tensor, targets: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`token_logprobs`, the policy's entropy at each position), both float32 [B, L-1] in
+    nats at temperature 1; the entropy is detached (a logged statistic, no gradient)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1, :].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+    with torch.no_grad():
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy
