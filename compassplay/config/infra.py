@@ -148,6 +148,14 @@ class ClusterSection(Section):
     num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")
     placement: Literal["none", "pack_scorers_with_learner"] = Field(
         "none", description="pack_scorers_with_learner: one STRICT_PACK placement group")
+    dashboard: bool = Field(True, description="an embedded Ray (no cluster.address) starts "
+                            "the Ray dashboard and prints its URL; the environment variable "
+                            "COMPASSPLAY_RAY_DASHBOARD=0 turns it off (the test suite does)")
+    dashboard_host: str = Field("127.0.0.1", description="the embedded Ray dashboard's bind "
+                                "address; 0.0.0.0 to reach it from another host")
+    dashboard_port: int = Field(8265, ge=1, le=65535, description="the embedded Ray dashboard's "
+                                "port; when taken, the next free one (up to 20 on) is used and "
+                                "printed")
     startup_timeout_s: float = Field(
         900.0, ge=0.0, description="seconds to wait for every actor to be placed and built "
         "(pending ones are logged every 10 s); 0 = wait forever (an autoscaler adds nodes)")

@@ -50,6 +50,8 @@ class RunMetrics:
         self.served.register(_Labelled(r, {"run": run, "reward": reward}))
         self.port: int | None = None
         self._server = None
+        # more sinks for each step (the Ray executor adds Ray's own metrics): observe_step(s)
+        self.mirrors: list = []
         self.step = Gauge("compassplay_step", "last completed self-play step", registry=r)
         self.weight_version = Gauge("compassplay_weight_version",
                                     "learner weight version after the last step", registry=r)
@@ -124,6 +126,8 @@ class RunMetrics:
             self._server = None
 
     def observe_step(self, s: StepStats) -> None:
+        for mirror in self.mirrors:
+            mirror.observe_step(s)
         self.step.set(s.step)
         self.weight_version.set(s.weight_version)
         for stage in STAGES:
