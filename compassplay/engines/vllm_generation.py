@@ -102,7 +102,7 @@ def _local_device(uuid: str) -> torch.device:
 
 
 class VLLMGenerationEngine(GenerationEngine):
-    """Wraps ``vllm.LLM``. `model` is an HF directory (e.g. a checkpoint's learner/) or hub id.
+    """Wraps ``vllm.LLM``. `model` is an HF directory (e.g. a checkpoint's model/) or hub id.
 
     `llm` / `sampling_params_cls`: an already built engine and its SamplingParams class (the
     CPU tests pass a fake that speaks the same interface); by default ``vllm.LLM`` is built

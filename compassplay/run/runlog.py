@@ -45,7 +45,7 @@ class RunLog:
                                "never writes into it (resume it, or start in a fresh directory)")
             self.metrics_path.write_text("")
         (self.run_dir / CONFIG_FILE).write_text(dump_config(cfg))
-        self.trackers = Trackers(self.run_dir, cfg, resume=resume)
+        self.trackers = Trackers(self.run_dir, cfg)
         self._handler = logging.FileHandler(self.run_dir / LOG_FILE)
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("compassplay").addHandler(self._handler)
@@ -91,8 +91,7 @@ class RunLog:
             steps += 1
         out += [s.model_dump_json() + "\n" for s in recent[max(0, steps - keep):]]
         self.metrics_path.write_text("".join(out))
-        rows = [json.loads(line) for line in out]
-        self.trackers.rewind(keep, [r for r in rows if int(r.get("step", 0)) >= keep])
+        self.trackers.rewind([json.loads(line) for line in out])
 
     def close(self) -> None:
         self.trackers.close()

@@ -11,9 +11,9 @@
   under `RUN_DIR/wandb/` (upload later with `wandb sync`); never online. Asked for without
   wandb installed, the run stops before it starts with an error naming the field.
 
-A rewind (restore from a checkpoint, `RunLog.rewind`) reopens the TensorBoard writer with a
-purge step, so TensorBoard drops the events of the steps that are rewritten; wandb cannot
-rewrite history and only receives steps past the last one it has.
+A rewind (restore from a checkpoint or resume, `RunLog.rewind`) writes the TensorBoard events
+anew from the rewritten metrics.jsonl, so they never hold a step twice; wandb cannot rewrite
+history and only receives steps past the last one it has.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from typing import Any
 from compassplay.errors import RunError
 
 log = logging.getLogger(__name__)
+
+EVENTS_PREFIX = "events.out.tfevents."  # TensorBoard's event file names
 
 
 def scalars(row: dict[str, Any]) -> dict[str, float]:
@@ -68,29 +70,26 @@ def check_trackers(cfg_logging: Any) -> None:
 class Trackers:
     """The trackers a run asked for; `log(row)` for each metrics.jsonl line written."""
 
-    def __init__(self, run_dir: Path, cfg: Any, resume: bool = False) -> None:
+    def __init__(self, run_dir: Path, cfg: Any) -> None:
         check_trackers(cfg.logging)
         self.run_dir = Path(run_dir)
         self._tb = None
         self._wandb = None
         self._wandb_step = -1
-        # on resume, earlier event files may hold steps the first rewind replaces
-        self._tb_max_step = math.inf if resume else -1
         if cfg.logging.tensorboard:
-            self._tb = self._open_tb(None)
+            self._tb = self._open_tb()
         if cfg.logging.wandb:
             import wandb
 
             self._wandb = wandb.init(project=cfg.logging.wandb_project, name=cfg.run.name,
                                      dir=str(self.run_dir), mode="offline",
-                                     config=cfg.model_dump(mode="json"),
-                                     resume="allow" if resume else None)
+                                     config=cfg.model_dump(mode="json"))
             log.info("wandb (offline) in %s: upload with `wandb sync`", self.run_dir / "wandb")
 
-    def _open_tb(self, purge_step: int | None):
+    def _open_tb(self):
         from torch.utils.tensorboard import SummaryWriter
 
-        return SummaryWriter(log_dir=str(self.run_dir), purge_step=purge_step)
+        return SummaryWriter(log_dir=str(self.run_dir))
 
     def log(self, row: dict[str, Any]) -> None:
         """Send one metrics.jsonl line (a dict) to every tracker."""
@@ -100,18 +99,18 @@ class Trackers:
             for tag, v in values.items():
                 self._tb.add_scalar(tag, v, global_step=step)
             self._tb.flush()
-            self._tb_max_step = max(self._tb_max_step, step)
         if self._wandb is not None and step >= self._wandb_step:
             self._wandb.log(values, step=step)
             self._wandb_step = step
 
-    def rewind(self, purge_step: int, rows: list[dict[str, Any]]) -> None:
-        """Steps >= `purge_step` are replaced by `rows` (the lines kept or rewritten from
-        there on, in file order)."""
-        if self._tb is not None and purge_step <= self._tb_max_step:
+    def rewind(self, rows: list[dict[str, Any]]) -> None:
+        """metrics.jsonl was rewritten to `rows` (all its lines, in file order): the
+        TensorBoard events are written anew from them; wandb gets the steps past its last."""
+        if self._tb is not None:
             self._tb.close()
-            self._tb = self._open_tb(purge_step)
-            self._tb_max_step = purge_step - 1
+            for f in self.run_dir.glob(f"{EVENTS_PREFIX}*"):
+                f.unlink()
+            self._tb = self._open_tb()
         for row in rows:
             self.log(row)
 

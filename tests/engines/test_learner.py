@@ -175,3 +175,11 @@ def test_entropy_and_response_length_are_measured(model, learner_cfg):
     lengths = [len(t.generation.completion_ids) for t in trajs]
     assert stats.response_length_mean == pytest.approx(sum(lengths) / len(lengths))
     assert stats.lr == pytest.approx(learner_cfg.lr)
+
+
+def test_entropy_in_chunks_equals_the_whole():
+    from compassplay.engines.logprobs import entropy_of
+
+    logp = torch.log_softmax(torch.randn(3, 7, 11, generator=torch.Generator().manual_seed(0)),
+                             -1)
+    torch.testing.assert_close(entropy_of(logp, rows=4), -(logp.exp() * logp).sum(-1))

@@ -1,5 +1,5 @@
 """Trackers: every scalar of metrics.jsonl in TensorBoard event files of the run directory
-(read back with TensorBoard's own reader), a rewind purges the replaced steps, and wandb is
+(read back with TensorBoard's own reader), a rewind leaves each step once, and wandb is
 offline or a clear error when it is asked for and missing."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_tensorboard_holds_every_scalar_of_metrics_jsonl(tmp_path):
     assert [(e.step, e.value) for e in acc.Scalars("eval/humaneval/accuracy")] == [(2, 0.75)]
 
 
-def test_rewind_and_resume_purge_the_replaced_steps(tmp_path):
+def test_rewind_and_resume_leave_each_step_once(tmp_path):
     run = tmp_path / "r"
     log = RunLog(run, RunConfig())
     for s in range(4):
