@@ -155,6 +155,15 @@ class StepStats(Record):
     loss: float
     grad_norm: float
     solver_accuracy: float
+    # the learner's update (`engines.learner.LearnerStats`): the learning rate it used, the
+    # fraction of completion tokens whose PPO ratio was clipped, the k3 KL to the reference
+    # (0 without one), the policy's mean token entropy (nats) and the mean completion length
+    # (tokens) over the step's trajectories
+    lr: float = 0.0
+    clip_frac: float = 0.0
+    kl: float = 0.0
+    entropy: float = 0.0
+    response_length_mean: float = 0.0
     solve_rates: list[float] = Field(default_factory=list)
     parse_failures: dict[str, int] = Field(default_factory=dict)
     invalid_reasons: dict[str, int] = Field(default_factory=dict)

@@ -138,6 +138,13 @@ class LoggingSection(Section):
     progress: bool = Field(True, description="tqdm progress bars for steps and stages")
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
         "INFO", description="Python logging level of the driver")
+    tensorboard: bool = Field(True, description="TensorBoard event files in the run directory "
+                              "with every scalar of metrics.jsonl (`tensorboard --logdir "
+                              "runs`: one TensorBoard run per run directory)")
+    wandb: bool = Field(False, description="also log every scalar of metrics.jsonl to wandb, in "
+                        "offline mode under RUN_DIR/wandb (upload with `wandb sync`); needs "
+                        "wandb installed (it is not a dependency)")
+    wandb_project: str = Field("compassplay", description="wandb project name (logging.wandb)")
     reference_loss: bool = Field(False, description="after each update the learner logs the "
                                  "solver's mean loss on the reference set (StepStats."
                                  "reference_loss, nats/token): one no-grad forward over "
@@ -161,6 +168,14 @@ class ClusterSection(Section):
     num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")
     placement: Literal["none", "pack_scorers_with_learner"] = Field(
         "none", description="pack_scorers_with_learner: one STRICT_PACK placement group")
+    dashboard: bool = Field(True, description="an embedded Ray (no cluster.address) starts "
+                            "the Ray dashboard and prints its URL; the environment variable "
+                            "COMPASSPLAY_RAY_DASHBOARD=0 turns it off (the test suite does)")
+    dashboard_host: str = Field("127.0.0.1", description="the embedded Ray dashboard's bind "
+                                "address; 0.0.0.0 to reach it from another host")
+    dashboard_port: int = Field(8265, ge=1, le=65535, description="the embedded Ray dashboard's "
+                                "port; when taken, the next free one (up to 20 on) is used and "
+                                "printed")
     startup_timeout_s: float = Field(
         900.0, ge=0.0, description="seconds to wait for every actor to be placed and built "
         "(pending ones are logged every 10 s); 0 = wait forever (an autoscaler adds nodes)")

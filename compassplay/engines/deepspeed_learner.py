@@ -29,7 +29,7 @@ import torch
 from compassplay.engines import deepspeed_state as dstate
 from compassplay.engines.dist import RankInfo, free_port, init_group, leave_at_exit
 from compassplay.engines.learner import Slot, lr_lambda
-from compassplay.engines.torch_learner import make_adamw
+from compassplay.engines.torch_learner import make_adamw, save_weights
 
 _TAG = "state"  # DeepSpeed's own checkpoint tag (older checkpoints, same rank count only)
 
@@ -144,15 +144,16 @@ class DeepSpeedSlot(Slot):
         Collective (ZeRO-3 re-partitions the parameters from rank 0)."""
         dstate.reset(self._ds, self.engine, weights, self._schedule0)
 
-    def save(self, path: Path | None) -> None:
-        """model.safetensors + config.json (full weights) and the rank-count-independent
-        optimizer files (`deepspeed_state`); rank 0 writes, the others pass None."""
+    def save(self, path: Path | None, weights_dir: Path | None) -> None:
+        """The full weights gathered from every rank as an HF folder in `weights_dir`
+        (`save_weights`) and the rank-count-independent optimizer files
+        (`deepspeed_state`) under `path`; rank 0 writes, the others pass None."""
         state = self.full_state_dict()
         if path is not None:
-            self.engine.module.save_pretrained(str(path), state_dict=state)
+            save_weights(self.engine.module, weights_dir, state_dict=state)
         dstate.save_state(self._ds, self.engine, path)
 
-    def load(self, path: Path) -> None:
+    def load(self, path: Path, weights_dir: Path) -> None:
         """Restore from `save` by any number of ranks (every rank reads `path`; a shared
         filesystem across nodes); older same-rank-count DeepSpeed checkpoints also load."""
         if not (path / "optimizer.json").is_file() and (path / "deepspeed").is_dir():
@@ -164,4 +165,5 @@ class DeepSpeedSlot(Slot):
             return
         from safetensors.torch import load_file
 
-        dstate.load_state(self._ds, self.engine, path, load_file(str(path / "model.safetensors")))
+        dstate.load_state(self._ds, self.engine, path,
+                          load_file(str(weights_dir / "model.safetensors")))

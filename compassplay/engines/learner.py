@@ -34,7 +34,7 @@ import torch
 
 from compassplay.engines.advantages import broadcast_to_tokens, trajectory_advantages
 from compassplay.engines.dist import sum_over_ranks
-from compassplay.engines.logprobs import pack, token_logprobs
+from compassplay.engines.logprobs import pack, token_logprobs, token_logprobs_entropy
 from compassplay.engines.policy_loss import ppo_loss
 from compassplay.records import Role, Trajectory
 
@@ -42,7 +42,11 @@ from compassplay.records import Role, Trajectory
 @dataclass
 class LearnerStats:
     """One learner step. loss: token-mean over all trained tokens; grad_norm: pre-clip L2 norm
-    over all updated models; clip_frac/kl: per-token means (kl is k3, 0 without a reference)."""
+    over all updated models; clip_frac/kl: per-token means (kl is k3, 0 without a reference);
+    lr: the learning rate this update used (the first model's); entropy: the policy's mean
+    token entropy (nats, temperature 1, before the update) over the completion tokens of the
+    trajectories the learner forwarded (zero-advantage trajectories are skipped when there is
+    no KL term); response_length_mean: mean completion length (tokens) over all trajectories."""
 
     loss: float
     grad_norm: float
@@ -52,6 +56,8 @@ class LearnerStats:
     n_tokens: int
     weight_version: int
     by_model: dict[str, dict[str, float]] = field(default_factory=dict)
+    entropy: float = 0.0
+    response_length_mean: float = 0.0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,11 +107,13 @@ class Slot(ABC):
         """Back to `weights` (HF names) with a fresh optimizer and schedule, in place."""
 
     @abstractmethod
-    def save(self, path: Path | None) -> None:
-        """Write the slot under `path`; None: take part in a collective save, write nothing."""
+    def save(self, path: Path | None, weights_dir: Path | None) -> None:
+        """Optimizer/scheduler state under `path`, the full weights as an HF folder in
+        `weights_dir`; None: take part in a collective save, write nothing."""
 
     @abstractmethod
-    def load(self, path: Path) -> None: ...
+    def load(self, path: Path, weights_dir: Path) -> None:
+        """Inverse of `save(path, weights_dir)`."""
 
 
 class Learner(ABC):
@@ -123,10 +131,10 @@ class Learner(ABC):
     def weight_version(self) -> int: ...
 
     @abstractmethod
-    def save(self, path: str | Path) -> None: ...
+    def save(self, path: str | Path, model_dir: str | Path | None = None) -> None: ...
 
     @abstractmethod
-    def load(self, path: str | Path) -> None: ...
+    def load(self, path: str | Path, model_dir: str | Path | None = None) -> None: ...
 
 
 class PolicyLearner(Learner):
@@ -171,7 +179,10 @@ class PolicyLearner(Learner):
             lr=stats[sorted(stats)[0]]["lr"],
             clip_frac=sum(s["clipped"] for s in stats.values()) / per_tok,
             kl=sum(s["kl_sum"] for s in stats.values()) / per_tok,
-            n_tokens=int(n_tok), weight_version=self._version, by_model=stats)
+            n_tokens=int(n_tok), weight_version=self._version, by_model=stats,
+            entropy=sum(s["entropy_sum"] for s in stats.values())
+            / max(sum(s["entropy_tokens"] for s in stats.values()), 1.0),
+            response_length_mean=n_tok / len(trajectories))
 
     def _train_slot(self, slot: Slot, idx: list[int], trajs: list[Trajectory],
                     adv: list[float]) -> dict[str, float]:
@@ -183,7 +194,7 @@ class PolicyLearner(Learner):
             # of the passes (same update; the normalizer still counts their tokens). One is kept
             # if all are zero so the optimizer steps on zero gradients exactly as before.
             idx = [i for i in idx if adv[i] != 0.0] or idx[:1]
-        loss_sum = clipped = kl_sum = 0.0
+        loss_sum = clipped = kl_sum = ent_sum = ent_tok = 0.0
         chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
         mine = [(chunk, 1.0) for chunk in chunks[self.rank::self.world_size]]
         passes = -(-len(chunks) // self.world_size)
@@ -191,7 +202,8 @@ class PolicyLearner(Learner):
         for c, (chunk, weight) in enumerate(mine):
             b = pack([trajs[i].generation for i in chunk], device=dev)
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
-            logp = token_logprobs(slot.module, b["input_ids"], b["attention_mask"], b["targets"])
+            logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],
+                                               b["targets"])
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
@@ -204,12 +216,16 @@ class PolicyLearner(Learner):
             loss_sum += weight * float(terms.loss.detach().item())
             clipped += weight * terms.clipped_tokens
             kl_sum += weight * terms.kl_sum
+            ent_sum += weight * float((ent * b["mask"]).sum().item())
+            ent_tok += weight * terms.n_tokens
         if self.world_size > 1:
-            loss_sum, clipped, kl_sum = sum_over_ranks([loss_sum, clipped, kl_sum], dev)
+            loss_sum, clipped, kl_sum, ent_sum, ent_tok = sum_over_ranks(
+                [loss_sum, clipped, kl_sum, ent_sum, ent_tok], dev)
         lr = slot.lr()  # the LR this update uses
         grad_norm = slot.step()
         return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "clipped": clipped,
-                "kl_sum": kl_sum, "n_tokens": total}
+                "kl_sum": kl_sum, "n_tokens": total, "entropy_sum": ent_sum,
+                "entropy_tokens": ent_tok}
 
     def _ref_dev(self) -> torch.device:
         return next(self.ref_model.parameters()).device
@@ -220,28 +236,53 @@ class PolicyLearner(Learner):
             slot.reset(weights)
         self._version = 0
 
-    def save(self, path: str | Path | None) -> None:
-        """Weights (model.safetensors + config.json; the proposer's under proposer/ when
-        separate), optimizer and scheduler per model, and learner.json (version, backend).
-        Collective in a learner group: only rank 0 writes (the others ignore `path`)."""
+    def save(self, path: str | Path | None, model_dir: str | Path | None = None) -> None:
+        """Optimizer and scheduler per model (the proposer's under proposer/ when separate)
+        and learner.json (version, backend) under `path`; each model's full weights as an HF
+        folder (model.safetensors + config.json + generation_config.json, `model_dirs`):
+        under `model_dir` (the proposer's in its sibling `proposer_model/`), or with the
+        optimizer files when `model_dir` is None. Collective in a learner group: only rank 0
+        writes (the others ignore `path`)."""
         if self.rank != 0:
             for slot in self.slots.values():
-                slot.save(None)
+                slot.save(None, None)
             return
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
+        weights = model_dirs(path, model_dir)
         for name, slot in self.slots.items():
-            slot.save(path / "proposer" if name == "proposer" else path)
+            state = path / "proposer" if name == "proposer" else path
+            for d in (state, weights[name]):
+                d.mkdir(parents=True, exist_ok=True)
+            slot.save(state, weights[name])
         meta = {"weight_version": self._version, "backend": self.backend,
                 "models": sorted(self.slots)}
         (path / "learner.json").write_text(json.dumps(meta, indent=1))
 
-    def load(self, path: str | Path) -> None:
+    def load(self, path: str | Path, model_dir: str | Path | None = None) -> None:
+        """Inverse of `save(path, model_dir)` (the same `model_dir`)."""
         path = Path(path)
         meta = json.loads((path / "learner.json").read_text())
         if meta["models"] != sorted(self.slots):
             raise ValueError(f"checkpoint has models {meta['models']}, learner has "
                              f"{sorted(self.slots)} (learner.shared_model differs?)")
+        weights = model_dirs(path, model_dir)
         for name, slot in self.slots.items():
-            slot.load(path / "proposer" if name == "proposer" else path)
+            slot.load(path / "proposer" if name == "proposer" else path, weights[name])
         self._version = int(meta["weight_version"])
+
+
+PROPOSER_MODEL = "proposer_model"
+
+
+def model_dirs(path: str | Path, model_dir: str | Path | None) -> dict[str, Path]:
+    """Where `PolicyLearner.save(path, model_dir)` puts each model's HF folder, by slot name:
+    the policy (or solver) in `model_dir`, a separate proposer in `model_dir`'s sibling
+    `proposer_model/`; with no `model_dir`, in `path` and `path/proposer` (the optimizer's
+    folders)."""
+    path = Path(path)
+    if model_dir is None:
+        return {"policy": path, "solver": path, "proposer": path / "proposer"}
+    model_dir = Path(model_dir)
+    return {"policy": model_dir, "solver": model_dir,
+            "proposer": model_dir.parent / PROPOSER_MODEL}

@@ -8,6 +8,8 @@ import torch
 
 from compassplay.records import Generation
 
+ENTROPY_ROWS = 1024  # positions per chunk of the entropy computation
+
 
 def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device | None = None
          ) -> dict[str, torch.Tensor]:
@@ -40,6 +42,26 @@ def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(targets[:, t] | input_ids[:, :t+1]) at temperature 1, float32 [B, L-1] (nats)."""
+    return token_logprobs_entropy(model, input_ids, attention_mask, targets)[0]
+
+
+def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
+                           attention_mask: torch.Tensor, targets: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`token_logprobs`, the policy's entropy at each position), both float32 [B, L-1] in
+    nats at temperature 1; the entropy is detached (a logged statistic, no gradient)."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logits = logits[:, :-1, :].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+    return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy_of(logp_all)
+
+
+@torch.no_grad()
+def entropy_of(logp_all: torch.Tensor, rows: int = ENTROPY_ROWS) -> torch.Tensor:
+    """-sum_v p log p over the last axis of log-probs [..., V] (nats), `rows` positions at a
+    time so the temporaries stay at rows x V floats (a 150k vocabulary: 0.6 GB per 1,024)."""
+    flat = logp_all.reshape(-1, logp_all.shape[-1])
+    out = torch.empty(flat.shape[0], dtype=flat.dtype, device=flat.device)
+    for k in range(0, flat.shape[0], rows):
+        part = flat[k:k + rows]
+        out[k:k + rows] = -(part.exp() * part).sum(-1)
+    return out.reshape(logp_all.shape[:-1])

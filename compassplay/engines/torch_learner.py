@@ -15,9 +15,15 @@ def make_adamw(params, lr: float) -> torch.optim.AdamW:
     return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
 
 
-def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """model.safetensors + config.json, loadable by `from_pretrained(path)` and vLLM."""
-    model.save_pretrained(str(path))
+def save_weights(model: torch.nn.Module, path: Path,
+                 state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """model.safetensors + config.json + generation_config.json (the model's, else one made
+    from its config), loadable by `from_pretrained(path)` and vLLM."""
+    model.save_pretrained(str(path), state_dict=state_dict)
+    if not (path / "generation_config.json").is_file():
+        from transformers import GenerationConfig
+
+        GenerationConfig.from_model_config(model.config).save_pretrained(str(path))
 
 
 def load_weights_file(model: torch.nn.Module, path: Path) -> None:
@@ -66,12 +72,12 @@ class TorchSlot(Slot):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
 
-    def save(self, path: Path) -> None:
-        save_weights(self.module, path)
+    def save(self, path: Path, weights_dir: Path) -> None:
+        save_weights(self.module, weights_dir)
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
         torch.save(self.scheduler.state_dict(), path / "scheduler.pt")
 
-    def load(self, path: Path) -> None:
-        load_weights_file(self.module, path)
+    def load(self, path: Path, weights_dir: Path) -> None:
+        load_weights_file(self.module, weights_dir)
         self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
         self.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))

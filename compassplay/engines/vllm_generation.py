@@ -99,7 +99,7 @@ def finish_of(reason: str | None) -> tuple[str, str]:
 
 
 class VLLMGenerationEngine(GenerationEngine):
-    """Wraps ``vllm.LLM``. `model` is an HF directory (e.g. a checkpoint's learner/) or hub id.
+    """Wraps ``vllm.LLM``. `model` is an HF directory (e.g. a checkpoint's model/) or hub id.
 
     `kv_cache_bytes`: the KV cache's size in bytes (vLLM's ``kv_cache_memory_bytes``; 0 = vLLM
     sizes it from `gpu_memory_utilization` on a GPU, `CPU_KV_CACHE_BYTES` on CPU). `role`: the config

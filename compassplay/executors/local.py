@@ -9,6 +9,10 @@ rollout uses the weights after learn(k - staleness - 1); here nothing overlaps i
 With `eval.every_steps` > 0 the weights after every k-th step are evaluated in process right
 after that step, which blocks training meanwhile (the Ray executor evaluates on an actor of
 its own and does not wait); the results are "eval" lines of metrics.jsonl.
+
+With `logging.prometheus_port` set, the run's Prometheus metrics (`run.metrics`, the same
+series as the Ray driver serves, verifier and Lean fleet gauges aside) are served while it
+runs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from compassplay.config import RunConfig
 from compassplay.records import StepStats
+from compassplay.run.metrics import RunMetrics
 from compassplay.run.runlog import RunLog
 from compassplay.step.graph import Role, StageCall, WeightsOffer, run_stage, submit_step
 from compassplay.sync.version_gate import VersionGate
@@ -67,6 +72,7 @@ class LocalExecutor:
                                    "verifier": self.verifiers, "scorer": self.scorers,
                                    "learner": [self.learner]})
         self.runlog = RunLog(self.run_dir, cfg, resume=resume)
+        self.metrics = RunMetrics.for_run(cfg)
         self.start_step = self.learner.steps_done
         state = self.learner.restored_state
         self.proposer.load_env_state(restored_env_state(state) if state else None)
@@ -96,6 +102,9 @@ class LocalExecutor:
     def run(self, progress: Callable[[StepStats], None] | None = None) -> list[StepStats]:
         out = []
         try:
+            if self.cfg.logging.prometheus_port:
+                self.metrics.serve(self.cfg.logging.prometheus_port,
+                                   self.cfg.logging.prometheus_host)
             for step in range(self.start_step, self.cfg.pipeline.steps):
                 handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
                                       is_checkpoint_step(self.cfg, step),
@@ -104,6 +113,7 @@ class LocalExecutor:
                 self.gate.report(step, snap)
                 result = handles["learn"]
                 self.runlog.write(result.stats)
+                self.metrics.observe_step(result.stats)
                 self.runlog.write_samples(result.extra.get("samples", []))
                 if self.evaluator is not None and eval_due(self.cfg, step):
                     version, box = snap["solver"]
@@ -118,6 +128,7 @@ class LocalExecutor:
                 v.close()
             if self.evaluator is not None:
                 self.evaluator.close()
+            self.metrics.close()
             self.runlog.close()
         return out
 

@@ -62,6 +62,7 @@ from compassplay.actors.startup import describe_cause, failed_call, wait_ready
 from compassplay.config import RunConfig
 from compassplay.errors import RunError
 from compassplay.executors.ray_dispatch import InFlight, RayDispatch, is_fatal
+from compassplay.executors.ray_metrics import RayStepMetrics
 from compassplay.executors.ray_monitors import EvalQueue, LeanMonitor, VerifierStats
 from compassplay.executors.ray_session import call_when_up, init_ray
 from compassplay.records import StepStats
@@ -344,11 +345,8 @@ def _run_on_ray(cfg: RunConfig, run_dir: Path, resume: bool,
     from tqdm import tqdm
 
     runlog = RunLog(run_dir, cfg, resume=resume)
-    metrics = RunMetrics()
-    if cfg.logging.prometheus_port:
-        metrics.serve(cfg.logging.prometheus_port, cfg.logging.prometheus_host)
-        log.info("prometheus metrics on http://%s:%d/metrics", cfg.logging.prometheus_host,
-                 cfg.logging.prometheus_port)
+    metrics = RunMetrics.for_run(cfg)
+    metrics.mirrors.append(RayStepMetrics(cfg.run.name, cfg.reward.kind))
     bar = tqdm(total=cfg.pipeline.steps, desc="self-play steps", disable=not cfg.logging.progress)
 
     def on_stage(step: int, stage: str) -> None:
@@ -364,6 +362,8 @@ def _run_on_ray(cfg: RunConfig, run_dir: Path, resume: bool,
 
     actors = None
     try:
+        if cfg.logging.prometheus_port:
+            metrics.serve(cfg.logging.prometheus_port, cfg.logging.prometheus_host)
         actors = create_actors(cfg, str(run_dir), restore=resume)
         log.info("starting actors: %s", ", ".join(actors.named()))
         wait_ready(actors.named(), requests(cfg), cfg.cluster.startup_timeout_s,
@@ -378,4 +378,5 @@ def _run_on_ray(cfg: RunConfig, run_dir: Path, resume: bool,
         bar.close()
         if actors is not None:
             actors.shutdown()
+        metrics.close()
         runlog.close()

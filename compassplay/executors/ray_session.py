@@ -1,8 +1,16 @@
-"""The driver's Ray session: start or join Ray, and call an actor while it restarts."""
+"""The driver's Ray session: start or join Ray, and call an actor while it restarts.
+
+An embedded Ray starts its dashboard (`cluster.dashboard`; off with the environment variable
+COMPASSPLAY_RAY_DASHBOARD=0) on `cluster.dashboard_port`, or on the next free port when that
+one is taken, and prints its URL.
+"""
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -11,6 +19,11 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from compassplay.config import RunConfig
 from compassplay.errors import RunError
+
+log = logging.getLogger(__name__)
+
+DASHBOARD_ENV = "COMPASSPLAY_RAY_DASHBOARD"
+PORT_TRIES = 20  # ports tried from cluster.dashboard_port on
 
 
 def call_when_up(method, *args, timeout_s: float = 300.0,
@@ -41,13 +54,63 @@ def init_ray(cfg: RunConfig) -> bool:
         return False
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
     if address:
-        ray.init(address=address, log_to_driver=True)
+        ctx = ray.init(address=address, log_to_driver=True)
+        announce_dashboard(getattr(ctx, "dashboard_url", None))
         return False
     c = cfg.cluster
     need = (c.proposer.num_cpus + c.solver.num_cpus + c.verifier.num_cpus * c.num_verifiers
             + c.scorer.num_cpus * cfg.scorer.num_scorers
             + c.learner.num_cpus * cfg.learner.num_ranks
             + (c.eval.num_cpus if cfg.eval.every_steps else 0.0))
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)), include_dashboard=False,
-             log_to_driver=True)
+    dash = dashboard_wanted(cfg)
+    extra: dict = {}
+    if dash:
+        port = first_free_port(c.dashboard_host, c.dashboard_port)
+        if port != c.dashboard_port:
+            log.warning("cluster.dashboard_port %d is taken: the Ray dashboard uses %d",
+                        c.dashboard_port, port)
+        extra = {"dashboard_host": c.dashboard_host, "dashboard_port": port}
+    try:
+        ctx = ray.init(num_cpus=max(os.cpu_count() or 1, int(need + 0.999)),
+                       include_dashboard=dash, log_to_driver=True, **extra)
+    except ValueError as exc:  # the port was taken between our check and Ray's bind
+        if "occupied" not in str(exc):
+            raise
+        raise RunError(f"cluster.dashboard_port: {exc} (or set cluster.dashboard=false)"
+                       ) from None
+    if dash:
+        announce_dashboard(getattr(ctx, "dashboard_url", None))
     return True
+
+
+def dashboard_wanted(cfg: RunConfig) -> bool:
+    """`cluster.dashboard`, unless COMPASSPLAY_RAY_DASHBOARD=0."""
+    return cfg.cluster.dashboard and os.environ.get(DASHBOARD_ENV, "1") != "0"
+
+
+def first_free_port(host: str, port: int, tries: int = PORT_TRIES) -> int:
+    """`port`, or the first of the next `tries - 1` ports that `host` can bind; RunError
+    naming cluster.dashboard_port when none can."""
+    for p in range(port, min(port + tries, 65536)):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, p))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise RunError(f"cluster.dashboard_host={host!r}: cannot bind ({exc})"
+                                   ) from None
+                continue
+        return p
+    raise RunError(f"cluster.dashboard_port: ports {port}-{port + tries - 1} on {host} are all "
+                   "taken; set another port, or cluster.dashboard=false")
+
+
+def announce_dashboard(url: str | None) -> None:
+    """Print (and log) the dashboard's URL, with where the token is when Ray asks for one."""
+    if not url:
+        return
+    url = url if url.startswith("http") else f"http://{url}"
+    auth = ("; it asks for the cluster's token: `ray get-auth-token`"
+            if os.environ.get("RAY_AUTH_MODE", "").lower() == "token" else "")
+    print(f"Ray dashboard: {url}{auth}", flush=True)
+    log.info("Ray dashboard: %s", url)

@@ -2,9 +2,15 @@
 
 Layout of ``run_dir/checkpoints/step_{step:06d}/``::
 
-    learner/        Learner.save: model.safetensors + config.json (from_pretrained / vLLM
-                    loadable; the proposer's under learner/proposer/ when separate), optimizer.pt,
-                    scheduler.pt (DeepSpeed: deepspeed/), learner.json (weight version)
+    model/          the policy (the solver's model when the roles have separate models) as a
+                    complete HF folder: config.json, generation_config.json, model.safetensors
+                    (full weights; DeepSpeed gathers them from every rank) and the tokenizer
+                    files, so `AutoModelForCausalLM.from_pretrained`, `AutoTokenizer.
+                    from_pretrained`, `vllm.LLM` and `compassplay eval --model` load it as it is
+    proposer_model/ the proposer's model, the same way (only with learner.shared_model=false)
+    learner/        Learner.save: the optimizer and scheduler state (the proposer's under
+                    learner/proposer/), DeepSpeed's optimizer.safetensors/.json, learner.json
+                    (weight version); the weights are the ones in model/ (one copy on disk)
     state.json      the caller's JSON-able run state (task buffers, step, metrics.jsonl lines)
     rng.json        python `random` and numpy global RNG states
     torch_rng.bin   torch CPU RNG state (raw bytes); cuda_rng.bin per device when CUDA is used
@@ -30,6 +36,7 @@ from typing import Any
 
 import torch
 
+from compassplay.engines.learner import PROPOSER_MODEL
 from compassplay.fileio import fsync_path, sha256_file
 from compassplay.run.rundir import read_run_id
 
@@ -73,11 +80,15 @@ def set_rng_state(js: dict[str, Any], raw: dict[str, bytes]) -> None:
             [torch.frombuffer(bytearray(raw[k]), dtype=torch.uint8) for k in cuda])
 
 
+MODEL_DIR = "model"
+
+
 def save_checkpoint(run_dir: str | Path, step: int, learner: Any, state: dict[str, Any],
-                    keep_last: int = 2) -> Path:
+                    keep_last: int = 2, tokenizer: Any = None) -> Path:
     """Write checkpoint `step` atomically, then keep only the newest `keep_last`. Returns its path.
 
-    `learner` needs `save(dir)`; `state` must be JSON-serializable.
+    `learner` needs `save(dir, model_dir)`; `state` must be JSON-serializable; `tokenizer`
+    (the run's) is saved into every model folder.
     """
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -86,7 +97,10 @@ def save_checkpoint(run_dir: str | Path, step: int, learner: Any, state: dict[st
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    learner.save(tmp / "learner")
+    learner.save(tmp / "learner", tmp / MODEL_DIR)
+    if tokenizer is not None:
+        for d in model_folders(tmp):
+            tokenizer.save_pretrained(str(d))
     (tmp / "state.json").write_text(json.dumps(state, indent=1, sort_keys=True))
     js, raw = rng_state()
     (tmp / "rng.json").write_text(json.dumps(js))
@@ -109,6 +123,11 @@ def save_checkpoint(run_dir: str | Path, step: int, learner: Any, state: dict[st
     fsync_path(root)
     prune_checkpoints(run_dir, keep_last)
     return final
+
+
+def model_folders(path: str | Path) -> list[Path]:
+    """The HF model folders of checkpoint `path`: model/ and, when separate, proposer_model/."""
+    return [d for d in (Path(path) / MODEL_DIR, Path(path) / PROPOSER_MODEL) if d.is_dir()]
 
 
 def _manifest(path: Path) -> dict[str, Any] | None:
@@ -182,7 +201,8 @@ def load_checkpoint(path: str | Path, learner: Any, verify: bool = True) -> dict
     path = Path(path)
     if verify:
         verify_checkpoint(path)
-    learner.load(path / "learner")
+    # checkpoints written before model/ existed hold the weights in learner/
+    learner.load(path / "learner", path / MODEL_DIR if (path / MODEL_DIR).is_dir() else None)
     raw = {p.name: p.read_bytes() for p in path.glob("*.bin")}
     set_rng_state(json.loads((path / "rng.json").read_text()), raw)
     return json.loads((path / "state.json").read_text())

@@ -1,5 +1,8 @@
 """A run's files: resolved config, metrics.jsonl, samples.jsonl and the text log.
 
+Every metrics.jsonl line also goes to the run's trackers (`run.tracking`: TensorBoard event
+files in the run directory; wandb offline when asked for).
+
 metrics.jsonl is the source of truth for plots; each line is one JSON object: a step line
 (StepStats, no "kind" key) or another kind of line with a "kind" and a "step" (evaluation
 results during training, see `compassplay.eval.eval_records`).
@@ -16,6 +19,7 @@ from pydantic import BaseModel
 from compassplay.config import RunConfig, dump_config
 from compassplay.errors import RunError
 from compassplay.records import StepStats
+from compassplay.run.tracking import Trackers
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
@@ -28,7 +32,8 @@ def run_dir_for(cfg: RunConfig) -> Path:
 
 
 class RunLog:
-    """Appends StepStats to `<run_dir>/metrics.jsonl` and mirrors logging to `run.log`."""
+    """Appends StepStats to `<run_dir>/metrics.jsonl` (and to the trackers) and mirrors
+    logging to `run.log`."""
 
     def __init__(self, run_dir: Path, cfg: RunConfig, resume: bool = False) -> None:
         self.run_dir = Path(run_dir)
@@ -40,18 +45,23 @@ class RunLog:
                                "never writes into it (resume it, or start in a fresh directory)")
             self.metrics_path.write_text("")
         (self.run_dir / CONFIG_FILE).write_text(dump_config(cfg))
+        self.trackers = Trackers(self.run_dir, cfg)
         self._handler = logging.FileHandler(self.run_dir / LOG_FILE)
         self._handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
         logging.getLogger("compassplay").addHandler(self._handler)
 
     def write(self, stats: StepStats) -> None:
-        with self.metrics_path.open("a") as f:
-            f.write(stats.model_dump_json() + "\n")
+        self._append(stats)
 
     def write_line(self, row: BaseModel) -> None:
         """Append a line of another kind (it has "kind" and "step"), e.g. an eval result."""
+        self._append(row)
+
+    def _append(self, row: BaseModel) -> None:
+        line = row.model_dump_json()
         with self.metrics_path.open("a") as f:
-            f.write(row.model_dump_json() + "\n")
+            f.write(line + "\n")
+        self.trackers.log(json.loads(line))
 
     def write_samples(self, rows: list[dict]) -> None:
         """Append the proposals of a step (text, validity, reward) for people to read."""
@@ -81,8 +91,10 @@ class RunLog:
             steps += 1
         out += [s.model_dump_json() + "\n" for s in recent[max(0, steps - keep):]]
         self.metrics_path.write_text("".join(out))
+        self.trackers.rewind([json.loads(line) for line in out])
 
     def close(self) -> None:
+        self.trackers.close()
         logging.getLogger("compassplay").removeHandler(self._handler)
         self._handler.close()
 

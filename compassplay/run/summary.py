@@ -73,4 +73,16 @@ def format_summary(summary: dict, run_dir: str | Path, plot: Path | None = None)
     files = [run_dir / METRICS_FILE, run_dir / SAMPLES_FILE, run_dir / "summary.json"] + (
         [plot] if plot else [])
     lines.append("results: " + ", ".join(str(f) for f in files if f.exists()))
+    model = final_model(run_dir)
+    if model is not None:
+        lines.append(f"final model (HF folder: from_pretrained, vllm, `compassplay eval "
+                     f"--model`): {model}")
     return "\n".join(lines)
+
+
+def final_model(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint's model/ folder (None when the run has none)."""
+    from compassplay.run.checkpoint import MODEL_DIR, latest_checkpoint
+
+    ckpt = latest_checkpoint(run_dir)
+    return ckpt / MODEL_DIR if ckpt is not None and (ckpt / MODEL_DIR).is_dir() else None

@@ -210,7 +210,7 @@ class LearnerWorker:
         state = {"step": step, "env": env_state,
                  "recent_stats": [s.model_dump(mode="json") for s in self.recent]}
         path = save_checkpoint(self.run_dir, step, self.learner, state,
-                               keep_last=self.cfg.learner.keep_last)
+                               keep_last=self.cfg.learner.keep_last, tokenizer=self.tok)
         self.recent = []
         return str(path)
 

@@ -31,11 +31,14 @@ def test_deepspeed_zero2_matches_torch(tmp_path):
     for k in tw:  # Adam divides by |g|: tolerance relative to the lr
         torch.testing.assert_close(dw[k], tw[k], atol=1e-3 * cfg.lr, rtol=1e-5)
     # DeepSpeed checkpoints round-trip into a fresh engine
-    dl.save(tmp_path / "ck")
-    assert (tmp_path / "ck" / "model.safetensors").is_file()
+    # (full weights gathered into the checkpoint's model/ folder, optimizer state apart)
+    dl.save(tmp_path / "ck", tmp_path / "model")
+    assert (tmp_path / "model" / "model.safetensors").is_file()
+    assert (tmp_path / "model" / "generation_config.json").is_file()
+    assert not (tmp_path / "ck" / "model.safetensors").exists()
     other = make_learner(cfg.model_copy(update={"backend": "deepspeed"}), tiny_causal_lm(seed=9),
                          total_steps=4)
-    other.load(tmp_path / "ck")
+    other.load(tmp_path / "ck", tmp_path / "model")
     ow = other.state_dict_for_sync()
     assert all(torch.equal(ow[k], dw[k]) for k in dw) and other.weight_version == 2
     batch = synthetic_trajectories(other.slots["policy"].engine.module, n=5, seed=7)

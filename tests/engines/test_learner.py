@@ -154,3 +154,32 @@ def test_torch_reset_in_place_equals_a_fresh_learner(shared):
     batch = on_policy_batch(tiny_causal_lm(seed=2), n=5, seed=3)
     learner = make_learner(cfg, model, total_steps=4)
     assert_reset_replays_first_step(learner, batch, initial, roles=("solver", "proposer"))
+
+
+def test_entropy_and_response_length_are_measured(model, learner_cfg):
+    """entropy: the mean over completion tokens of -sum_v p log p of the policy before the
+    update (nats), computed here independently; response_length_mean: tokens per trajectory."""
+    trajs = on_policy_batch(model, n=6)
+    b = pack([t.generation for t in trajs])
+    with torch.no_grad():
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+        p = torch.softmax(logits[:, :-1].float(), -1)
+        ent = -(p * torch.log(p)).sum(-1)
+    forwarded = torch.tensor([a != 0.0 for a in trajectory_advantages(trajs)])[:, None]
+    mask = b["mask"] * forwarded  # zero-advantage trajectories are not forwarded (no KL)
+    want = float((ent * mask).sum() / mask.sum())
+    cfg = learner_cfg.model_copy(update={"micro_batch": 2})
+    stats = make_learner(cfg, model).step(trajs)
+    assert stats.entropy == pytest.approx(want, rel=1e-4)
+    assert 0.0 < stats.entropy <= float(torch.log(torch.tensor(float(logits.shape[-1])))) + 1e-4
+    lengths = [len(t.generation.completion_ids) for t in trajs]
+    assert stats.response_length_mean == pytest.approx(sum(lengths) / len(lengths))
+    assert stats.lr == pytest.approx(learner_cfg.lr)
+
+
+def test_entropy_in_chunks_equals_the_whole():
+    from compassplay.engines.logprobs import entropy_of
+
+    logp = torch.log_softmax(torch.randn(3, 7, 11, generator=torch.Generator().manual_seed(0)),
+                             -1)
+    torch.testing.assert_close(entropy_of(logp, rows=4), -(logp.exp() * logp).sum(-1))

@@ -1,4 +1,4 @@
-"""`--model` resolution: run checkpoints (no tokenizer inside) load with the run's tokenizer."""
+"""`--model` resolution: a checkpoint's model/ (tokenizer inside), else the run's tokenizer."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ class _Learner:
     def __init__(self, model) -> None:
         self.model = model
 
-    def save(self, path) -> None:
-        self.model.save_pretrained(str(path))
+    def save(self, path, model_dir=None) -> None:
+        self.model.save_pretrained(str(model_dir or path))
 
 
 def test_checkpoint_and_run_dir_load_with_the_run_tokenizer(tmp_path):
@@ -23,9 +23,9 @@ def test_checkpoint_and_run_dir_load_with_the_run_tokenizer(tmp_path):
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(dump_config(RunConfig()))  # model.source = tiny
     model, tok = load_model(ModelSection(source="tiny"), seed=3)
-    ckpt = save_checkpoint(run, 2, _Learner(model), {"step": 2})
-    assert weights_dir(ckpt) == ckpt / "learner" and weights_dir(run) == ckpt / "learner"
-    for spec in (ckpt, run, ckpt / "learner"):
+    ckpt = save_checkpoint(run, 2, _Learner(model), {"step": 2})  # no tokenizer files
+    assert weights_dir(ckpt) == ckpt / "model" and weights_dir(run) == ckpt / "model"
+    for spec in (ckpt, run, ckpt / "model"):
         loaded, ltok = load_eval_model(str(spec))
         assert ltok.encode("ab") == tok.encode("ab") and ltok.padding_side == "left"
         for (k, a), b in zip(model.state_dict().items(), loaded.state_dict().values(),

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import numpy as np
 import pytest
@@ -65,8 +66,8 @@ def test_crash_mid_write_leaves_no_valid_checkpoint(tmp_path):
     class Crash(RuntimeError):
         pass
 
-    def boom(path):
-        learner_save(path)
+    def boom(path, model_dir=None):
+        learner_save(path, model_dir)
         raise Crash
 
     learner_save, learner.save = learner.save, boom
@@ -95,17 +96,44 @@ def test_pruning_keeps_last(tmp_path):
 
 
 def test_weights_load_with_transformers(tmp_path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from compassplay.models.byte_tokenizer import build_byte_tokenizer
 
     model = tiny_causal_lm(seed=4)
     learner = make_learner(CFG, model, total_steps=4)
     learner.step(on_policy_batch(model, n=4))
-    ckpt = save_checkpoint(tmp_path, 1, learner, {})
-    assert (ckpt / "learner" / "model.safetensors").is_file()
-    loaded = AutoModelForCausalLM.from_pretrained(ckpt / "learner")
+    ckpt = save_checkpoint(tmp_path, 1, learner, {}, tokenizer=build_byte_tokenizer())
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json"} <= {p.name for p in (ckpt / "model").iterdir()}
+    # one copy of the weights: learner/ keeps the optimizer state only
+    assert not list((ckpt / "learner").glob("*.safetensors"))
+    manifest = json.loads((ckpt / "COMPLETE").read_text())["files"]
+    assert {f"model/{p.name}" for p in (ckpt / "model").iterdir()} <= set(manifest)
+    loaded = AutoModelForCausalLM.from_pretrained(ckpt / "model")
+    tok = AutoTokenizer.from_pretrained(ckpt / "model")
+    assert tok.decode(tok.encode("def f(x): return x")) == "def f(x): return x"
     x = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         torch.testing.assert_close(loaded(x).logits, model(x).logits)
+    other = make_learner(CFG, tiny_causal_lm(seed=9), total_steps=4)
+    load_checkpoint(ckpt, other)
+    a, b = learner.state_dict_for_sync(), other.state_dict_for_sync()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_checkpoints_written_before_model_dir_still_load(tmp_path):
+    """Old layout: the weights in learner/ next to the optimizer state, no model/."""
+    model = tiny_causal_lm(seed=4)
+    learner = make_learner(CFG, model, total_steps=4)
+    learner.step(on_policy_batch(model, n=4))
+    ckpt = save_checkpoint(tmp_path, 1, learner, {})
+    shutil.rmtree(ckpt / "model")
+    learner.save(ckpt / "learner")  # no model_dir: the weights beside the optimizer files
+    other = make_learner(CFG, tiny_causal_lm(seed=9), total_steps=4)
+    load_checkpoint(ckpt, other, verify=False)
+    a, b = learner.state_dict_for_sync(), other.state_dict_for_sync()
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_separate_models_checkpoint(tmp_path):
@@ -114,7 +142,9 @@ def test_separate_models_checkpoint(tmp_path):
     learner = make_learner(cfg, model, total_steps=4)
     learner.step(on_policy_batch(model, n=4, roles=("proposer", "solver")))
     ckpt = save_checkpoint(tmp_path, 1, learner, {})
-    assert (ckpt / "learner" / "proposer" / "model.safetensors").is_file()
+    assert (ckpt / "proposer_model" / "model.safetensors").is_file()
+    assert (ckpt / "model" / "model.safetensors").is_file()
+    assert (ckpt / "learner" / "proposer" / "optimizer.pt").is_file()
     other = make_learner(cfg, tiny_causal_lm(seed=6), total_steps=4)
     load_checkpoint(ckpt, other)
     for role in ("proposer", "solver"):

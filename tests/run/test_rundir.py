@@ -90,7 +90,7 @@ class _Learner:
     def __init__(self, value: float) -> None:
         self.value = value
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path, model_dir: Path | None = None) -> None:
         path.mkdir(parents=True, exist_ok=True)
         torch.save({"w": torch.tensor([self.value])}, path / "w.pt")
 

@@ -32,7 +32,10 @@ def test_two_rank_learner_group_runs_the_pipeline(tmp_path, ray_local):
     for s, w in zip(got, want, strict=True):
         assert s.loss == pytest.approx(w["loss"], rel=1e-4, abs=1e-6)
         assert s.grad_norm == pytest.approx(w["grad_norm"], rel=1e-4)
-    ck = sorted((tmp_path / "ray" / "checkpoints").glob("step_*"))[-1] / "learner"
-    assert {"model.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.pt",
+    last = sorted((tmp_path / "ray" / "checkpoints").glob("step_*"))[-1]
+    ck = last / "learner"
+    assert {"optimizer.safetensors", "optimizer.json", "scheduler.pt",
             "learner.json"} <= {p.name for p in ck.iterdir()}
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= {
+        p.name for p in (last / "model").iterdir()}  # the full weights gathered from 2 ranks
     assert json.loads((ck / "optimizer.json").read_text())["world_size"] == 2
