@@ -41,10 +41,27 @@ def smollm2(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def engine(smollm2):
+def checkpoint_model(smollm2, tmp_path_factory) -> Path:
+    """The `model/` folder of a run checkpoint of SmolLM2 (`run.checkpoint.save_checkpoint`,
+    as a run writes it): the engine below loads it as it is (issue 23 item 4)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from compassplay.engines import make_learner
+    from compassplay.run.checkpoint import save_checkpoint
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
+    learner = make_learner(LearnerSection(lr=1e-4, micro_batch=2), model)
+    run = tmp_path_factory.mktemp("run")
+    ckpt = save_checkpoint(run, 0, learner, {"step": 0},
+                           tokenizer=AutoTokenizer.from_pretrained(smollm2))
+    return ckpt / "model"
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint_model):
     from compassplay.engines.vllm_generation import VLLMGenerationEngine
 
-    eng = VLLMGenerationEngine(str(smollm2), dtype="float32", enforce_eager=True,
+    eng = VLLMGenerationEngine(str(checkpoint_model), dtype="float32", enforce_eager=True,
                                max_model_len=256, kv_cache_bytes=32 << 20,
                                bucket_bytes=128 << 20)
     yield eng
