@@ -44,6 +44,7 @@ import torch
 from compassplay.bench import model_shapes
 from compassplay.bench.memory import peak_alloc_mb, peak_rss, reset_peak_rss, sync
 from compassplay.bench.model_shapes import SHAPE_NAMES
+from compassplay.eval.rank_stats import spearman
 from compassplay.rewards.batch import (
     Example,
     batch_losses,
@@ -154,24 +155,6 @@ def floor_step(model: torch.nn.Module, cands: list[Example],
             gs = torch.autograd.grad(loss, params)
             total = list(gs) if total is None else [t.add_(g) for t, g in zip(total, gs,
                                                                                strict=True)]
-
-
-def spearman(x: list[float], y: list[float]) -> float:
-    """Spearman rank correlation (average ranks for ties)."""
-    def ranks(v: list[float]) -> torch.Tensor:
-        t = torch.tensor(v, dtype=torch.float64)
-        order = t.argsort()
-        r = torch.empty_like(t)
-        r[order] = torch.arange(len(v), dtype=torch.float64)
-        for val in t.unique():
-            m = t == val
-            r[m] = r[m].mean()
-        return r
-
-    rx, ry = ranks(x), ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    den = float(rx.norm() * ry.norm())
-    return float(rx @ ry) / den if den > 0 else 0.0
 
 
 def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, list[Example], list[Example]]:

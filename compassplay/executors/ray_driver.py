@@ -102,6 +102,7 @@ class Pipeline:
         self.recorded_at: list[float] = []
         self.nccl = cfg.learner.weight_sync == "nccl"
         self.ipc = cfg.learner.weight_sync == "ipc"
+        self.sync_calls: list = []  # the last weight broadcast's calls (learner, receivers)
         self.failures: dict[int, int] = {}  # step -> failures so far
         self.evals = EvalQueue(cfg, actors.evaluator, runlog, self.nccl)
         self.lean = None if actors.lean_fleet is None else LeanMonitor(actors.lean_fleet,
@@ -153,7 +154,7 @@ class Pipeline:
     def _settle_sync(self, log_every_s: float = 60.0) -> None:
         """Wait for the previous broadcast's calls (learner and every receiver) and raise
         the first failure; logs what it waits for every `log_every_s`."""
-        pending, started = list(getattr(self, "sync_calls", [])), time.monotonic()
+        pending, started = list(self.sync_calls), time.monotonic()
         last = started
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
@@ -162,7 +163,7 @@ class Pipeline:
                 last = time.monotonic()
                 log.info("waiting %.0f s for the weight broadcast: %d of its calls (learner "
                          "and receivers) still running", last - started, len(pending))
-        calls, self.sync_calls = getattr(self, "sync_calls", []), []
+        calls, self.sync_calls = self.sync_calls, []
         ray.get(calls)
 
     def _reset_weights(self, after_step: int) -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from compassplay.rewards.batch import Example
+from compassplay.rewards.batch import Example, mean_example_loss
 from compassplay.rewards.soar import mean_loss
 
 
@@ -44,17 +44,6 @@ def restored(model: nn.Module) -> Iterator[None]:
                 p.grad = None
 
 
-def eval_loss(model: nn.Module, examples: list[Example], pad_id: int = 0,
-              chunk: int = 8) -> float:
-    """Mean over `examples` of their mean token cross-entropy, in chunks, without grad."""
-    total = 0.0
-    with torch.no_grad():
-        for i in range(0, len(examples), chunk):
-            part = examples[i:i + chunk]
-            total += float(mean_loss(model, part, pad_id)) * len(part)
-    return total / len(examples)
-
-
 def _grad_step(model: nn.Module, example: Example, pad_id: int) -> list[nn.Parameter]:
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -74,8 +63,8 @@ def optimizer_step_drops(model: nn.Module, example: Example, heldout: list[Examp
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
         opt.step()
-        return StepDrops(before.heldout - eval_loss(model, heldout, pad_id),
-                         before.reference - eval_loss(model, reference, pad_id))
+        return StepDrops(before.heldout - mean_example_loss(model, heldout, pad_id),
+                         before.reference - mean_example_loss(model, reference, pad_id))
 
 
 def reference_gradient(model: nn.Module, reference: list[Example],
@@ -104,4 +93,4 @@ def first_order_drop(model: nn.Module, example: Example, reference: list[Example
         with torch.no_grad():
             for p in params:
                 p.sub_(eta * p.grad)
-        return reference_before - eval_loss(model, reference, pad_id), eta * inner
+        return reference_before - mean_example_loss(model, reference, pad_id), eta * inner

@@ -8,7 +8,6 @@ plan of the Ray executor. A problem raises ConfigError naming the field (exit co
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from compassplay.config import ConfigError, RunConfig
@@ -16,12 +15,9 @@ from compassplay.config import ConfigError, RunConfig
 GRADIENT_KINDS = ("cosine", "inner", "cos_novelty")
 
 
-def _norm(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
-
-
 def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
     """What the run would build, as a JSON-able dict; ConfigError at the first problem."""
+    from compassplay.eval.reference_build import problem_hash
     from compassplay.rewards.reference_set import ReferenceFormatError, load_reference
     from compassplay.step.heldout import heldout_rows
     from compassplay.workers.builders import make_env
@@ -36,18 +32,18 @@ def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
         field = "task.lean.target_file" if cfg.task.domain == "lean" else "task.seed_file"
         raise ConfigError(f"{field}: {exc}") from None
     out["environment"] = _describe_env(env)
-    reference: list[str] = []
+    reference: set[str] = set()
     if cfg.reward.kind in GRADIENT_KINDS and cfg.reward.reference == "global" \
             or cfg.reward.kind == "soar" or cfg.logging.reference_loss:
         try:
             items = load_reference(cfg.reference.path, cfg.reference.max_items)
         except (OSError, ReferenceFormatError) as exc:
             raise ConfigError(f"reference.path: {exc}") from None
-        reference = [_norm(it.prompt) for it in items]
+        reference = {problem_hash(it.prompt) for it in items}
         out["reference_items"] = len(items)
     if cfg.reward.kind == "soar" and cfg.reward.soar_heldout != "seeds":
         rows = heldout_rows(cfg.reward.soar_heldout, cfg.reward.soar_heldout_items)
-        shared = {_norm(p) for p, _, _ in rows} & set(reference)
+        shared = {problem_hash(p) for p, _, _ in rows} & reference
         if shared:
             raise ConfigError(f"reward.soar_heldout: {len(shared)} of its problems are in the "
                               f"reference set ({cfg.reference.path or 'shipped'}); held-out "

@@ -51,10 +51,15 @@ def _try_claim(path: Path) -> bool:
         return False
     try:
         with (path / RUN_FILE).open("x") as f:
-            json.dump({"run_id": uuid.uuid4().hex, "created_unix": time.time()}, f)
+            f.write(_new_run_record())
     except FileExistsError:
         return False  # another run claimed it between the listing and the create
     return True
+
+
+def _new_run_record() -> str:
+    """The JSON of a new run's `run.json`: a fresh id and its creation time (Unix seconds)."""
+    return json.dumps({"run_id": uuid.uuid4().hex, "created_unix": time.time()})
 
 
 def open_run_dir(path: str | Path) -> Path:
@@ -65,8 +70,7 @@ def open_run_dir(path: str | Path) -> Path:
     if not (path / "config.yaml").is_file():
         raise RunError(f"--resume {path}: not a run directory (no config.yaml in it)")
     if read_run_id(path) is None:  # a run from before run ids: give it one now
-        (path / RUN_FILE).write_text(json.dumps({"run_id": uuid.uuid4().hex,
-                                                 "created_unix": time.time()}))
+        (path / RUN_FILE).write_text(_new_run_record())
     return path
 
 

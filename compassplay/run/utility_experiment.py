@@ -140,14 +140,13 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
             args: argparse.Namespace) -> None:
     """Scores and utilities of every pool candidate not yet in candidates.jsonl."""
     from compassplay.models.bootstrap import load_policy
-    from compassplay.rewards.batch import Example
+    from compassplay.rewards.batch import Example, mean_example_loss
     from compassplay.rewards.functions import token_jaccard
     from compassplay.rewards.gradient import GradientScorer
     from compassplay.rewards.reference_set import load_reference
     from compassplay.rewards.utility import (
         StepDrops,
-        eval_loss,
-        first_order_drop,
+            first_order_drop,
         optimizer_step_drops,
         reference_gradient,
     )
@@ -176,7 +175,8 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
     scorer.set_reference(reference)
     part = scorer.partials(examples)
     ref_sq = float(scorer.reference.sq)
-    before = StepDrops(eval_loss(model, heldout, pad), eval_loss(model, reference, pad))
+    before = StepDrops(mean_example_loss(model, heldout, pad),
+                       mean_example_loss(model, reference, pad))
     g_ref = reference_gradient(model, reference, pad)
     lr = args.lr or cfg.learner.lr
     rng = random.Random(cfg.run.seed)

@@ -40,6 +40,15 @@ ROOT = "bwrap-root"
 ROOTLESS = "bwrap-userns"
 UNSAFE_OPT_OUT = "none-UNSAFE-trusted-local-debugging-only"
 ISOLATION_MODES = (AUTO, ROOT, ROOTLESS, UNSAFE_OPT_OUT)
+
+
+def check_mode(mode: str) -> None:
+    """ValueError unless `mode` is one of ISOLATION_MODES."""
+    if mode not in ISOLATION_MODES:
+        raise ValueError(
+            f"isolation must be one of {ISOLATION_MODES[:-1]} or the explicit opt-out "
+            f"{UNSAFE_OPT_OUT!r}, got {mode!r}"
+        )
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 # Loaded before the worker under their bare names (the worker imports them from sys.modules).
 PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child", "sandbox_scratch")

@@ -87,7 +87,7 @@ class PythonSandbox:
                  cgroup_memory: bool = True, wipe_budget_s: float = 1.0) -> None:
         if workers < 1:
             raise ValueError("workers must be >= 1")
-        _check_mode(isolation)
+        isolation_mod.check_mode(isolation)
         self.workers = workers
         self.timeout_s = float(timeout_s)
         self.memory_mb = int(memory_mb)
@@ -392,10 +392,3 @@ class PythonSandbox:
 
 isolation_mod = isolation
 
-
-def _check_mode(mode: str) -> None:
-    if mode not in isolation.ISOLATION_MODES:
-        raise ValueError(
-            f"isolation must be one of {isolation.ISOLATION_MODES[:-1]} or the explicit opt-out "
-            f"{UNSAFE_OPT_OUT!r}, got {mode!r}"
-        )

@@ -7,12 +7,11 @@ import copy
 import pytest
 import torch
 
-from compassplay.rewards.batch import Example
+from compassplay.rewards.batch import Example, mean_example_loss
 from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.soar import mean_loss
 from compassplay.rewards.utility import (
     StepDrops,
-    eval_loss,
     first_order_drop,
     optimizer_step_drops,
     reference_gradient,
@@ -29,7 +28,7 @@ def _examples(seed: int, n: int) -> list[Example]:
 def test_optimizer_step_equals_adamw_on_a_copy_and_restores_the_weights():
     model = tiny_causal_lm(seed=1)
     cand, held, ref = _examples(0, 1)[0], _examples(1, 5), _examples(2, 4)
-    before = StepDrops(eval_loss(model, held), eval_loss(model, ref))
+    before = StepDrops(mean_example_loss(model, held), mean_example_loss(model, ref))
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     got = optimizer_step_drops(model, cand, held, ref, before, lr=1e-3, max_grad_norm=1.0)
     for n, p in model.named_parameters():
@@ -51,7 +50,7 @@ def test_first_order_prediction_matches_the_realized_drop_for_small_eta():
     wrong inner product, sign or scale) leaves an O(eta) error instead."""
     model = tiny_causal_lm(seed=2)
     cands, ref = _examples(3, 4), _examples(4, 6)
-    r0 = eval_loss(model, ref)
+    r0 = mean_example_loss(model, ref)
     scorer = GradientScorer(model, params="all")
     scorer.set_reference(ref)
     inner = scorer.partials(cands).inner
