@@ -74,7 +74,7 @@ def test_multi_bucket_broadcasts_complete_round_after_round(monkeypatch):
 
         pipe = ray_driver.Pipeline.__new__(ray_driver.Pipeline)
         pipe.cfg, pipe.actors, pipe.stop = cfg, actors, SimpleNamespace(check=check)
-        pipe.nccl, pipe.ipc = True, False
+        pipe.nccl, pipe.ipc, pipe.sync_calls = True, False, []
         pipe._init_sync()  # actor start-up and the group's rendezvous: not timed
         deadline[0] = time.monotonic() + 120  # a broadcast takes well under a second
         for round_ in (1, 2):

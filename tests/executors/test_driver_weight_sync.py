@@ -48,6 +48,7 @@ def _pipeline(overrides: list[str], monkeypatch) -> tuple[ray_driver.Pipeline, l
     pipe.cfg, pipe.actors, pipe.stop = cfg, actors, SimpleNamespace(check=lambda: None)
     pipe.nccl = cfg.learner.weight_sync == "nccl"
     pipe.ipc = cfg.learner.weight_sync == "ipc"
+    pipe.sync_calls = []
     return pipe, calls
 
 
