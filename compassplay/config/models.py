@@ -161,6 +161,10 @@ class LearnerSection(Section):
                                  "between uses (ZeRO-3 only)")
     micro_batch: int = Field(8, ge=1, description="trajectories per forward/backward pass "
                              "(gradients accumulate over passes; the memory knob)")
+    gradient_checkpointing: bool = Field(False, description="recompute each transformer "
+                                         "block's activations in the backward pass instead of "
+                                         "keeping them (about a third more compute; the "
+                                         "activations of a pass shrink to the blocks' inputs)")
     checkpoint_every: int = Field(1, ge=1, description="write a checkpoint every k steps "
                                   "(and after the last step)")
     keep_last: int = Field(2, ge=1, description="checkpoints of the run kept on disk (older "
