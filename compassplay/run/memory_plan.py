@@ -307,11 +307,13 @@ def sharing_sets(roles: list[RoleMemory], local: bool) -> list[list[RoleMemory]]
             else:
                 groups.append([r])
         return out + groups
+    def fits(group: list[RoleMemory]) -> bool:
+        return sum(r.num_gpus for r in group) <= 1 + 1e-9
+
+    # maximal: no other fractional role could join the set
     sets = [list(s) for k in range(len(frac), 0, -1) for s in combinations(frac, k)
-            if sum(r.num_gpus for r in s) <= 1 + 1e-9]
-    maximal = [s for s in sets if not any(len(o) > len(s) and all(r in o for r in s)
-                                          for o in sets)]
-    return out + maximal
+            if fits(list(s))]
+    return out + [s for s in sets if not any(r not in s and fits([*s, r]) for r in frac)]
 
 
 def explain(check: GpuCheck, roles: list[RoleMemory]) -> str:
