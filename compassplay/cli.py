@@ -36,8 +36,12 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
                         "whose directory exists goes to NAME-2, NAME-3, ...)")
     p.add_argument("--dry-run", action="store_true",
                    help="build everything the run builds except the models (config, "
-                        "environment, rewards, reference and held-out sets, resource plan), "
-                        "print it and exit: 0, or 2 naming the field at fault")
+                        "environment, rewards, reference and held-out sets, GPU memory plan, "
+                        "resource plan), print it and exit: 0, or 2 naming the field at fault")
+    p.add_argument("--gpu-memory-gib", type=float, default=None, metavar="GIB",
+                   help="memory of each GPU for the memory plan (= cluster.gpu_memory_gib, "
+                        "default 80; 141 for H200): --dry-run prints the plan and exits 2 "
+                        "naming the field when the roles sharing a GPU do not fit")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides")
 
 
@@ -146,7 +150,10 @@ def _run(args: argparse.Namespace) -> int:
         config_path = str(Path(args.resume) / "config.yaml")
     if config_path is None:
         config_path = DEFAULT_CONFIG
-    cfg = load_config(config_path, args.overrides)
+    overrides = list(args.overrides)
+    if args.gpu_memory_gib is not None:
+        overrides.append(f"cluster.gpu_memory_gib={args.gpu_memory_gib}")
+    cfg = load_config(config_path, overrides)
     logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
     if args.dry_run:
         from compassplay.run.dry_run import dry_run

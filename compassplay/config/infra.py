@@ -166,6 +166,10 @@ class ClusterSection(Section):
     eval: ActorResources = Field(default_factory=lambda: ActorResources(num_cpus=0.25),
                                  description="the eval actor (only with eval.every_steps > 0)")
     num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")
+    gpu_memory_gib: float = Field(
+        80.0, gt=0.0, description="memory of each GPU (GiB) the memory plan checks the roles "
+        "placed on it against (`compassplay run --dry-run`, run/memory_plan.py): 80 for "
+        "A100/H100 80GB, 141 for H200")
     placement: Literal["none", "pack_scorers_with_learner"] = Field(
         "none", description="pack_scorers_with_learner: one STRICT_PACK placement group")
     dashboard: bool = Field(True, description="an embedded Ray (no cluster.address) starts "

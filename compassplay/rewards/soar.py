@@ -175,11 +175,23 @@ def heldout_accuracy(model: nn.Module, items: list[HeldOutItem], max_new_tokens:
     return correct / len(items), tokens
 
 
+def backward_mean_loss(model: nn.Module, examples: list[Example], pad_id: int = 0,
+                       max_batch_tokens: int = 16384) -> None:
+    """Accumulate the gradient of `mean_loss(model, examples)` in passes of at most
+    `max_batch_tokens` padded tokens (`plan_batches`): each pass backpropagates its examples'
+    summed losses / len(examples), so the activations held are one pass's, not the group's."""
+    dev = next(model.parameters()).device
+    for idx in plan_batches(examples, max_batch_tokens):
+        batch = make_batch([examples[i] for i in idx], idx, dev, pad_id)
+        (batch_losses(model, batch).sum() / len(examples)).backward()
+
+
 def train_copy(model: nn.Module, group: list[Example], inner_steps: int, lr: float,
-               optimizer: SoarOptimizer = "sgd", pad_id: int = 0) -> tuple[nn.Module, int]:
+               optimizer: SoarOptimizer = "sgd", pad_id: int = 0,
+               max_batch_tokens: int = 16384) -> tuple[nn.Module, int]:
     """A deep copy of `model` trained for `inner_steps` full-batch steps on the group's mean
-    candidate loss (`mean_loss`), in eval mode (no dropout); returns it and the tokens seen.
-    `model` itself is not touched."""
+    candidate loss (gradients accumulated over passes of `max_batch_tokens`), in eval mode
+    (no dropout); returns it and the tokens seen. `model` itself is not touched."""
     copy_ = copy.deepcopy(model)
     params = [p for p in copy_.parameters() if p.requires_grad]
     opt: torch.optim.Optimizer = (torch.optim.SGD(params, lr=lr) if optimizer == "sgd"
@@ -188,7 +200,7 @@ def train_copy(model: nn.Module, group: list[Example], inner_steps: int, lr: flo
     with scoring_mode(copy_):
         for _ in range(inner_steps):
             opt.zero_grad(set_to_none=True)
-            mean_loss(copy_, group, pad_id).backward()
+            backward_mean_loss(copy_, group, pad_id, max_batch_tokens)
             opt.step()
             tokens += sum(len(e) for e in group)
     del opt
@@ -225,7 +237,8 @@ def soar_gains(model: nn.Module, groups: list[list[Example]], heldout: list[Held
         before, eval_tokens = evaluate(model)
         after, train_tokens = [], 0
         for group in groups:
-            trained, tok = train_copy(model, group, inner_steps, lr, optimizer, pad_id)
+            trained, tok = train_copy(model, group, inner_steps, lr, optimizer, pad_id,
+                                      max_batch_tokens)
             trained.eval()
             value, etok = evaluate(trained)
             del trained

@@ -2,8 +2,10 @@
 
 Checks what a run would otherwise find out minutes (or GPU-hours) in: the environment (seed
 programs, SOAR's held-out seeds, the Lean target set), the reference set, SOAR's held-out
-problems and their disjointness from the reference set, the evaluation data, and the resource
-plan of the Ray executor. A problem raises ConfigError naming the field (exit code 2).
+problems and their disjointness from the reference set, the evaluation data, the GPU memory
+plan (`memory_plan`: what each GPU role needs and whether the roles that may share a GPU fit,
+run/memory_plan.py) and the resource plan of the Ray executor. A problem raises ConfigError
+naming the field (exit code 2).
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
         out["soar_heldout_items"] = len(rows)
     if cfg.eval.every_steps:
         out["eval_data"] = _eval_data(cfg)
+    from compassplay.run.memory_plan import plan_memory
+
+    out["memory_plan"] = plan_memory(cfg, executor).to_dict()  # ConfigError: does not fit
     if executor == "ray":
         from compassplay.actors.placement import requests
 

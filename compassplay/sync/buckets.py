@@ -2,7 +2,8 @@
 
 `NCCLBroadcastSync` sends the weights in buckets of `bucket_bytes` over a torch.distributed
 group (NCCL on GPUs, gloo on CPU in tests) that holds the learner and every generator/scorer
-rank; receivers rebuild the state dict on their device. `sync.channel` wraps it for the
+rank; receivers take bucket after bucket (a vLLM worker loads each into its model, an HF role
+or scorer stages each on the CPU), so a receiving GPU holds one bucket beside its model. `sync.channel` wraps it for the
 pipeline; inside vLLM the receiving side runs in the worker (`vllm_worker`). The object-store
 path (HF engines) needs none of this: the state dict travels as a Ray object and
 `workers.versioned.Versioned.sync` loads it only when its version is newer.
@@ -88,10 +89,16 @@ class NCCLBroadcastSync:
 
         return int(header["version"]), buckets()
 
-    def receive(self) -> tuple[dict[str, torch.Tensor], int]:
-        """Called on every other rank: the broadcast state dict (on `device`) and its version."""
+    def receive(self, stage: str | torch.device | None = None
+                ) -> tuple[dict[str, torch.Tensor], int]:
+        """Called on every other rank: the broadcast state dict and its version. `stage`:
+        where the tensors are kept, each copied out of its bucket as the bucket arrives, so
+        `device` holds one bucket at a time (e.g. "cpu" beside a GPU model the caller loads it
+        into); None keeps them on `device`, views into their buckets (a whole state dict)."""
         version, parts = self.receive_buckets()
-        return {name: t for part in parts for name, t in part}, version
+        if stage is None:
+            return {name: t for part in parts for name, t in part}, version
+        return {name: t.to(stage, copy=True) for part in parts for name, t in part}, version
 
 
 def encode_named(named: list[tuple[str, torch.Tensor]]) -> list[list]:

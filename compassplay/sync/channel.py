@@ -176,14 +176,16 @@ class NcclChannel:
     def receive(self, version: int | None, like: dict[str, torch.Tensor] | None = None
                 ) -> dict[str, torch.Tensor]:
         """The state dict the learner is broadcasting now, announced as `version` (None:
-        the version its header carries; read it from `self.version` afterwards).
+        the version its header carries; read it from `self.version` afterwards), on the CPU:
+        each bucket is copied out as it arrives, so the receiving GPU holds one bucket beside
+        the model the caller loads the weights into, not a second whole copy.
 
         Raises `StaleWeightsError` for a version below the one held and RuntimeError for one
         other than `version` (both after draining, so later broadcasts still line up). `like`,
         when given, must have the same names and shapes (catches a mismatched model early)."""
         if self.rank == 0:
             raise RuntimeError("rank 0 (the learner) sends; it cannot receive")
-        state, got = self.sync.receive()
+        state, got = self.sync.receive(stage="cpu")
         check_offered(self.version, version, got)
         if like is not None:
             bad = sorted(set(like) ^ set(state)) or [k for k in like

@@ -14,6 +14,7 @@ from compassplay.models.bootstrap import load_policy
 from compassplay.records import StepStats
 from compassplay.rewards.batch import mean_example_loss
 from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from compassplay.run.memory_plan import colocated
 from compassplay.step import stages
 from compassplay.step.graph import STEP, StageCall
 from compassplay.step.messages import (
@@ -82,6 +83,9 @@ class LearnerWorker:
         self.recent: list[StepStats] = []
         self.restored_state: dict | None = None
         self.gpus = role_gpus(cfg, "learner")
+        # colocated with engines that wake after each update (run/memory_plan.colocated): give
+        # torch's cached blocks back at the end of every learn() (`release_cached_memory`)
+        self.release_cache = role_device(cfg, "learner").type == "cuda" and colocated(cfg)
         self.cumulative_device_seconds = 0.0  # training's device seconds so far
         if restore:
             self.restore()
@@ -195,9 +199,23 @@ class LearnerWorker:
         ckpt = ""
         if is_checkpoint_step(self.cfg, props.step):
             ckpt = self._checkpoint(props.step, env_state)
+        self.release_cached_memory()
         return StepResult(stats, self.weight_version,
                           {"checkpoint": ckpt, "samples": stages.samples(props.step, batch.tasks,
                                                                          scores)})
+
+    def release_cached_memory(self) -> None:
+        """Hand the blocks torch's allocator keeps cached after the step (activations,
+        gathered parameters) back to the driver, when the learner shares its GPU with engines
+        (`run.memory_plan.colocated`). Order: this runs at the end of `learn()`; with
+        pipeline.staleness 0 every engine wake-up follows it, since a sleeping vLLM engine wakes
+        in its next generate() or in a weight load, both of which wait for this update's
+        weights (a snapshot, broadcast or publish_ipc call the learner runs after learn()
+        returned). The memory plan then counts only the learner's resident state (weights,
+        gradients, optimizer) while engines generate; with staleness > 0 rollout overlaps
+        learning and the plan counts the engines awake throughout."""
+        if self.release_cache:
+            torch.cuda.empty_cache()  # GPU only (release_cache needs a CUDA learner)
 
     def _checkpoint(self, step: int, env_state: dict | None) -> str:
         if env_state is None:

@@ -68,6 +68,23 @@ def test_micro_batch_does_not_change_update(learner_cfg):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
+def test_gradient_checkpointing_gives_the_same_update(learner_cfg):
+    """learner.gradient_checkpointing recomputes block activations in backward: the update
+    is the one without it (up to float order), and the model really checkpoints."""
+    results = []
+    for ckpt in (False, True):
+        m = tiny_causal_lm(seed=0)
+        trajs = on_policy_batch(m, n=5)
+        s = make_learner(learner_cfg.model_copy(update={"gradient_checkpointing": ckpt}),
+                         m).step(trajs)
+        assert m.is_gradient_checkpointing == ckpt
+        results.append((s.loss, s.grad_norm, [p.detach().clone() for p in m.parameters()]))
+    (loss0, gn0, p0), (loss1, gn1, p1) = results
+    assert loss1 == pytest.approx(loss0, abs=1e-6) and gn1 == pytest.approx(gn0, rel=1e-5)
+    for a, b in zip(p1, p0, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
 def test_separate_models_update_their_own_role(model, learner_cfg):
     cfg = learner_cfg.model_copy(update={"shared_model": False})
     learner = make_learner(cfg, model)

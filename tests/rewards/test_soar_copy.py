@@ -15,6 +15,7 @@ from compassplay.rewards.soar import (
     make_groups,
     soar_gains,
     split_groups,
+    train_copy,
 )
 from tests.rewards.conftest import tiny_model
 
@@ -89,6 +90,20 @@ def test_reference_items_are_never_held_out():
         soar_gains(model, GROUPS, [HeldOutItem(e) for e in REFERENCE], reference=REFERENCE)
     with pytest.raises(ValueError, match="non-empty held-out"):
         soar_gains(model, GROUPS, [])
+
+
+def test_copy_trained_in_small_passes_matches_the_full_batch_oracle():
+    """max_batch_tokens=1: every example is a pass of its own (the activations of one
+    sequence, not the group's), and the update is still the group's mean-loss step."""
+    model = tiny_model("qwen2", tied=True).eval()
+    group = GROUPS[0] + GROUPS[2]
+    trained, tokens = train_copy(model, group, inner_steps=2, lr=0.5, max_batch_tokens=1)
+    want = _oracle_copy(model, group, 2, 0.5)
+    for (name, a), b in zip(trained.named_parameters(), want.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
+    assert tokens == 2 * sum(len(e) for e in group)
+    assert any(not torch.equal(a, b) for a, b in zip(trained.parameters(), model.parameters(),
+                                                     strict=True))
 
 
 def test_adamw_inner_optimizer_runs():

@@ -20,6 +20,13 @@ def test_every_shipped_config_passes_the_dry_run(name, capsys):
     out = capsys.readouterr().out
     report = json.loads(out[:out.rindex("}") + 1])
     assert report["resources"] and report["resources_total"]["CPU"] > 0
+    plan = report["memory_plan"]  # every shipped model's shape is known to the plan
+    assert plan["model"]["params"] > 0
+    if report["resources_total"]["GPU"]:  # GPU configs: every GPU checked, and they fit
+        assert plan["gpus"] and all(g["fits"] for g in plan["gpus"])
+        assert set(plan["roles"]) >= {"proposer", "solver"}
+    else:
+        assert plan["gpus"] == [] and "no role asks for a GPU" in plan["notes"][0]
     if report["reward"] == "soar":
         assert report["soar_heldout_items"] >= 1 or report["environment"]["heldout_seeds"]
 

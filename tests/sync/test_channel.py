@@ -59,7 +59,7 @@ def _worker(rank: int, port: int, backend: str) -> None:
         return
     got = ch.receive(1, like=_state(0))
     assert _same(got, _state(1)), "version 1 not bit-identical"
-    assert got["step"].device.type == ("cuda" if backend == "nccl" else "cpu")
+    assert got["step"].device.type == "cpu"  # staged out of each bucket: one on the GPU
     assert _same(ch.receive(3), _state(3))
     with pytest.raises(StaleWeightsError):
         ch.receive(2)  # older than held: refused, buckets drained
