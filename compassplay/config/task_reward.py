@@ -21,6 +21,11 @@ class LeanTaskSection(Section):
     header: str = Field("", description="Lean header every check runs after; '' = the "
                         "target file's header (else verifiers.lean.header)")
     include_proof: bool = Field(True, description="show the seed's proof in the proposer prompt")
+    forbid_copies: bool = Field(False, description="the proposer prompt also asks for a "
+                                "theorem that is not a copy or a renaming of its seed. Off "
+                                "(paper): the copy shortcut a local reference opens is what the "
+                                "cos / cos x novelty ablation measures, and the novelty factor, "
+                                "not the prompt, is what closes it")
     validate_timeout_s: float = Field(30.0, gt=0.0, le=3600.0,
                                       description="per-check limit (s) for a conjecture with sorry")
     grade_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,

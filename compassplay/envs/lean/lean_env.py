@@ -68,8 +68,10 @@ class LeanEnvironment(Environment):
         seed = self.buffer.sample_seed(rng)
         if seed is None:
             seed = self.buffer.sample_unsolved(1, rng)[0]
+        proved = seed.task_id in self.buffer.proofs
         proof = self.buffer.proofs.get(seed.task_id) if self.cfg.include_proof else None
-        return prompts.proposer_prompt(seed.statement, proof), [seed.task_id]
+        return prompts.proposer_prompt(seed.statement, proof, proved,
+                                       self.cfg.forbid_copies), [seed.task_id]
 
     def response_prefix(self, role: str, task_type: str) -> str:
         return prompts.FENCE

@@ -10,6 +10,7 @@ import pytest
 
 from compassplay.config import ConfigError, load_config
 from compassplay.envs.lean import LeanEnvironment
+from compassplay.envs.lean import lean_prompts as prompts
 from compassplay.envs.lean.statements import alpha_normal, parse_statement
 from compassplay.envs.lean.targets import TargetFileError, load_targets
 from compassplay.records import Attempt, Task
@@ -77,6 +78,22 @@ def test_prompts_and_parse(env):
         t = env.parse_proposal("lean_prove", reply, ["target:add_zero"], "p")
         assert t.invalid_reason == reason and not t.valid
     assert "do not change the statement" in env.solver_prompt(ok)
+
+
+def test_proposer_prompt_does_not_forbid_copies(pool):
+    """Paper: the copy shortcut is left to the reward (the novelty factor closes it); the ask
+    not to copy is an opt-in (task.lean.forbid_copies)."""
+    shown = {}
+    for forbid in (False, True):
+        env = LeanEnvironment(lean_cfg(**{"task.lean.forbid_copies": forbid}), pool)
+        env.buffer.record("target:two_two", "theorem two_two : (2 : ℕ) + 2 = 4 := by decide")
+        text, seeds = env.proposer_prompt("lean_prove", random.Random(0))
+        assert seeds == ["target:two_two"] and "by decide" in text and "it has proved" in text
+        shown[forbid] = text
+    for word in ("copy", "renam", "new ", "novel", "different"):
+        assert word not in shown[False].lower(), word
+    assert "not be a copy or a renaming" in shown[True]
+    assert shown[True].replace(prompts.NO_COPIES, "") == shown[False]
 
 
 def test_validate_and_grade(env):
