@@ -63,8 +63,9 @@ def test_targets_loader_errors(tmp_path):
         load_targets(tmp_path / "missing.jsonl")
 
 
-def test_prompts_and_parse(env):
-    text, seeds = env.proposer_prompt("lean_prove", random.Random(0))
+def test_prompts_and_parse(env, pool):
+    early = LeanEnvironment(lean_cfg(**{"task.lean.propose_before_proof": True}), pool)
+    text, seeds = early.proposer_prompt("lean_prove", random.Random(0))
     assert seeds[0].startswith("target:") and "sorry" in text  # no proved seed yet
     ok = env.parse_proposal("lean_prove", "```lean\nlemma foo (m : ℕ) : m * 1 = m := by sorry\n```",
                             ["target:add_zero"], "s0-lean_prove-1")
@@ -123,17 +124,35 @@ def test_validate_and_grade(env):
     assert env.verified_solution(good, atts[2:], verdicts[2:]) is None
 
 
+def test_chunked_checks_give_the_same_verdicts(env, pool):
+    one = LeanEnvironment(lean_cfg(**{"task.lean.check_chunk": 1}), pool)
+    mk = lambda e, i, body: e.parse_proposal("lean_prove",  # noqa: E731
+                                             f"```lean\n{body} := by sorry\n```",
+                                             ["target:two_two"], f"c{i}")
+    bodies = ["theorem a (n : ℕ) : n + 1 = 1 + n", "theorem b : UNKNOWN_x = 1",
+              "theorem c : (1 : ℕ) = 1"]
+    tasks = {e: e.validate([mk(e, i, b) for i, b in enumerate(bodies)]) for e in (env, one)}
+    assert [t.valid for t in tasks[one]] == [t.valid for t in tasks[env]] == [True, False, True]
+    pairs = {e: [(t, e.parse_attempt(t, f"```lean\nby {p}\n```", k))
+                 for t in tasks[e] for k, p in enumerate(["omega", "exact foo"])]
+             for e in (env, one)}
+    got = {e: [(v.correct, v.status) for v in e.grade(pairs[e])] for e in (env, one)}
+    assert got[one] == got[env] and [c for c, _ in got[env]] == [True, False] * 1 + [
+        False, False] + [True, False]
+
+
 def test_buffer_coverage_and_state_round_trip(env, pool):
     rng = random.Random(1)
-    unsolved = env.sample_buffer(5, rng)
+    unsolved = env.sample_buffer(1, rng)  # every unsolved target (k is the coding setting)
     assert len(unsolved) == 3 and all(t.source == "seed" for t in unsolved)
     target = env.seed_of("target:two_two")
     att = Attempt(task_id=target.task_id, index=0, answer=target.statement + " := by decide")
     [v] = env.grade([(target, att)])
     assert v.correct
     out = env.record_results([target], [att], [v])
-    assert out == {"new_proofs": 1.0, "coverage": pytest.approx(1 / 3)}
-    assert len(env.sample_buffer(5, rng)) == 2
+    assert out == {"new_proofs": 1.0, "coverage": pytest.approx(1 / 3), "targets_proved": 1.0,
+                   "targets_attempted": 1.0}
+    assert len(env.sample_buffer(1, rng)) == 2
     text, seeds = env.proposer_prompt("lean_prove", rng)
     assert seeds == ["target:two_two"] and "decide" in text
     conj = env.parse_proposal("lean_prove", "```lean\ntheorem z : (3 : ℕ) + 3 = 6 := by sorry\n```",
