@@ -15,7 +15,8 @@ class LeanTaskSection(Section):
     (`verifiers.lean.processes`) and its memory limits are in `verifiers.lean`."""
 
     target_file: str = Field("", description="miniF2F-style jsonl of target statements "
-                             "(name, formal_statement, header, split, ...); required for lean")
+                             "(name, formal_statement, header, split, ...); a path, or a file "
+                             "name in $COMPASSPLAY_DATA_DIR; required for lean")
     split: Literal["all", "valid", "test"] = Field("all", description="targets of this split")
     max_targets: int = Field(0, ge=0, description="keep the first N targets (0 = all)")
     header: str = Field("", description="Lean header every check runs after; '' = the "

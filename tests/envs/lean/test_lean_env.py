@@ -63,6 +63,17 @@ def test_targets_loader_errors(tmp_path):
         load_targets(tmp_path / "missing.jsonl")
 
 
+def test_target_file_by_name_in_the_data_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMPASSPLAY_DATA_DIR", raising=False)
+    with pytest.raises(TargetFileError, match=r"not found .*COMPASSPLAY_DATA_DIR \(unset\)"):
+        load_targets("mine.jsonl")
+    (tmp_path / "mine.jsonl").write_text(TARGETS.read_text())
+    monkeypatch.setenv("COMPASSPLAY_DATA_DIR", str(tmp_path))
+    assert len(load_targets("mine.jsonl")[0]) == 3
+    with pytest.raises(TargetFileError, match=f"other.jsonl: .*={tmp_path}"):
+        load_targets("other.jsonl")
+
+
 def test_prompts_and_parse(env, pool):
     early = LeanEnvironment(lean_cfg(**{"task.lean.propose_before_proof": True}), pool)
     text, seeds = early.proposer_prompt("lean_prove", random.Random(0))
