@@ -14,9 +14,10 @@
 - Validation: Lean elaborates `<conjecture> := by sorry` (status 'sorry'); anything else is
   invalid with reason 'lean:<status>' (error, timeout, crash, memory, protocol, ...).
 - Solving (SGS's iteration): n attempts at each valid conjecture and at every unsolved target
-  (`sample_buffer`; `task.lean.targets_per_iteration=N`: a sample of N). An attempt is the full theorem with its proof (a bare tactic
-  proof is completed with the statement). Conjectures and attempts using a word of
-  `statements.BANNED` (axiom, native_decide, ...) are rejected unchecked ('banned_<word>').
+  (`sample_buffer`; `task.lean.targets_per_iteration=N`: a sample of N). An attempt is the
+  full theorem with its proof (a bare tactic proof is completed with the statement).
+  Conjectures and attempts using a word of `statements.BANNED` (axiom, native_decide, ...)
+  are rejected unchecked ('banned_<word>').
 - Grading: accepted by Lean and the statement unchanged (`check_statement_preserved`, in the
   pool: status 'statement_changed'). Checks go to the pool `task.lean.check_chunk` at a time,
   with a progress line per chunk (`chunked`).
