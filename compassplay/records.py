@@ -175,6 +175,8 @@ class StepStats(Record):
     # (alpha-equal) a reference they were shown (Lean and code); distinct reward values among
     # eligible candidates.
     coverage: float | None = None
+    targets_proved: int | None = None  # Lean: distinct targets ever proved (coverage x targets)
+    targets_attempted: int | None = None  # Lean: unsolved targets the prover attempted
     copy_rate: float | None = None
     rename_rate: float | None = None
     eligible_reward_distinct: int | None = None

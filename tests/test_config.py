@@ -124,6 +124,36 @@ def test_paper_scale_configs_differ_from_the_cosine_run_only_in_the_reward(name,
     assert reward_diff <= {"kind"} | {k for k in ref["reward"] if k.startswith("soar_")}
 
 
+# The paper's Lean comparison: cos x novelty and its ablation arms, each the cos x novelty config
+# with only the reward (and the run name) changed.
+LEAN_PAPER_SCALE = {"paper_lean_7b": "cos_novelty", "ablation_lean_cos_7b": "cosine",
+                    "baseline_lean_novelty_7b": "novelty",
+                    "baseline_lean_difficulty_7b": "difficulty"}
+
+
+@pytest.mark.parametrize("name,kind", sorted(LEAN_PAPER_SCALE.items()))
+def test_lean_paper_configs_follow_sgs_and_differ_only_in_the_reward(name, kind):
+    cfg = load_config(name)
+    ref = load_config("paper_lean_7b").model_dump(mode="json")
+    got = cfg.model_dump(mode="json")
+    assert cfg.reward.kind == kind and cfg.run.name == name
+    for section in ref:
+        if section not in ("run", "reward"):
+            assert got[section] == ref[section], section
+    assert {k for k in ref["reward"] if got["reward"][k] != ref["reward"][k]} <= {"kind"}
+    assert cfg.model.name_or_path == "deepseek-ai/DeepSeek-Prover-V2-7B"
+    assert cfg.proposer.engine == cfg.solver.engine == "vllm"
+    assert cfg.task.domain == "lean" and cfg.reward.reference == "local"
+    lean = cfg.task.lean
+    # SGS's iteration (every unsolved target, 8 proofs each); proved seeds only (g_ref is the
+    # seed's verified proof); no instruction against copies (novelty is the reward's job)
+    assert lean.targets_per_iteration == "all" and cfg.solver.n_samples == 8
+    assert not lean.propose_before_proof and not lean.forbid_copies and lean.include_proof
+    assert lean.target_file == "paper_lean_targets.jsonl"
+    assert cfg.verifiers.lean.backend == "fleet" and cfg.verifiers.lean.scaling.max_actors > 1
+    assert cfg.pipeline.steps == 150
+
+
 def test_base_config_is_merged_section_by_section(tmp_path):
     (tmp_path / "parent.yaml").write_text("base: micro\npipeline: {steps: 9}\n"
                                           "reward: {kind: inner, eta: 0.5}\n")

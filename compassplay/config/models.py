@@ -108,7 +108,9 @@ class ProposerSection(SamplingSection):
 
 class SolverSection(SamplingSection):
     n_samples: int = Field(4, ge=1, description="attempts per task; s(x) = correct / n")
-    seed_tasks_per_step: int = Field(2, ge=0, description="buffer tasks solved each step")
+    seed_tasks_per_step: int = Field(2, ge=0, description="buffer tasks solved each step "
+                                     "(coding; a lean run attempts "
+                                     "task.lean.targets_per_iteration unsolved targets)")
 
 
 class ScorerSection(Section):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -47,10 +48,13 @@ def _section_type(annotation: Any) -> type[BaseModel] | None:
 
 
 def type_text(annotation: Any) -> str:
-    """`Literal['a', 'b']` -> 'a | b'; `list[str]` -> 'list[str]'; `int` -> 'int'."""
+    """`Literal['a', 'b']` -> 'a | b'; `list[str]` -> 'list[str]'; `int` -> 'int';
+    `int | Literal['all']` -> 'int | all'."""
     origin = typing.get_origin(annotation)
     if origin is typing.Literal:
         return " | ".join(str(a) for a in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_text(a) for a in typing.get_args(annotation))
     if origin is not None:
         args = ", ".join(type_text(a) for a in typing.get_args(annotation))
         return f"{getattr(origin, '__name__', str(origin))}[{args}]"

@@ -15,16 +15,45 @@ class LeanTaskSection(Section):
     (`verifiers.lean.processes`) and its memory limits are in `verifiers.lean`."""
 
     target_file: str = Field("", description="miniF2F-style jsonl of target statements "
-                             "(name, formal_statement, header, split, ...); required for lean")
+                             "(name, formal_statement, header, split, ...); a path, or a file "
+                             "name in $COMPASSPLAY_DATA_DIR; required for lean")
     split: Literal["all", "valid", "test"] = Field("all", description="targets of this split")
     max_targets: int = Field(0, ge=0, description="keep the first N targets (0 = all)")
     header: str = Field("", description="Lean header every check runs after; '' = the "
                         "target file's header (else verifiers.lean.header)")
+    targets_per_iteration: int | Literal["all"] = Field(
+        "all", description="unsolved targets the prover attempts each iteration (n = "
+        "solver.n_samples attempts each): all = every one, as SGS's iteration does; N >= 1 = "
+        "a uniform sample of N (cheaper iterations; coverage then grows more slowly per "
+        "iteration)")
+    check_chunk: int = Field(1024, ge=1, description="Lean checks per verifier-pool call "
+                             "(validation, grading): an iteration's checks go in chunks of "
+                             "this many, with a progress line after each; a fleet that loses "
+                             "an actor resubmits one chunk")
     include_proof: bool = Field(True, description="show the seed's proof in the proposer prompt")
+    propose_before_proof: bool = Field(
+        False, description="false (paper: g_ref is the solver's verified proof of the seed "
+        "the proposer conditions on): the proposer is shown only proved targets, so an "
+        "iteration before the first proof has no conjectures (the prover attempts the targets "
+        "alone); true: until a target is proved it is shown an unsolved target without a "
+        "proof, whose conjectures have no local reference (gradient kinds: ineligible, "
+        "reward 0; difficulty and novelty score them as usual)")
+    forbid_copies: bool = Field(False, description="the proposer prompt also asks for a "
+                                "theorem that is not a copy or a renaming of its seed. Off "
+                                "(paper): the copy shortcut a local reference opens is what the "
+                                "cos / cos x novelty ablation measures, and the novelty factor, "
+                                "not the prompt, is what closes it")
     validate_timeout_s: float = Field(30.0, gt=0.0, le=3600.0,
                                       description="per-check limit (s) for a conjecture with sorry")
     grade_timeout_s: float = Field(60.0, gt=0.0, le=3600.0,
                                    description="per-check limit (s) for a solver's proof")
+
+    @model_validator(mode="after")
+    def _targets_positive(self) -> LeanTaskSection:
+        if self.targets_per_iteration != "all" and self.targets_per_iteration < 1:
+            raise ValueError(f"targets_per_iteration must be 'all' or >= 1, got "
+                             f"{self.targets_per_iteration}")
+        return self
 
 
 class TaskSection(Section):

@@ -25,6 +25,11 @@ class Environment(ABC):
     def proposer_prompt(self, task_type: str, rng: random.Random) -> tuple[str, list[str]]:
         """(user message, ids of the buffer tasks it shows: the seeds of the proposal)."""
 
+    def can_propose(self, task_type: str) -> bool:
+        """Whether `proposer_prompt` has a seed to show for `task_type` now (Lean: a proved
+        target); a step proposes nothing of a type that has none. Default True."""
+        return True
+
     @abstractmethod
     def response_prefix(self, role: str, task_type: str) -> str:
         """The opening of a well-formed reply of `role` ('proposer'/'solver'), to prefill."""

@@ -55,10 +55,13 @@ class ProposalSet:
 
 def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
             step: int) -> ProposalSet:
-    """Sample proposals for every task type (batch_size each) and parse them (never raises)."""
+    """Sample proposals for every task type (batch_size each; none of a type the environment
+    has no seed for, `Environment.can_propose`) and parse them (never raises)."""
     rng = random.Random(stage_seed(cfg.run.seed, step, "propose"))
     prompts, meta = [], []
     for task_type in cfg.task.types:
+        if not env.can_propose(task_type):
+            continue
         prefix = prefix_of(env, cfg, "proposer", task_type)
         for i in range(cfg.proposer.batch_size):
             text, seed_ids = env.proposer_prompt(task_type, rng)
@@ -247,7 +250,7 @@ def summarize(step: int, tasks: list[Task], rates: dict[str, float], attempts: l
     """The metrics.jsonl line of one step (`rates`: s(x) per solved task; `cost`: its timing
     and cost fields, `step.timing.step_cost`). `domain`: the environment's metrics
     (`Environment.step_metrics` plus `record_results`: copy_rate and rename_rate, and Lean's
-    coverage); when given, the distinct reward values among eligible candidates are counted
+    coverage, targets_proved and targets_attempted); when given, the distinct reward values among eligible candidates are counted
     too."""
     proposed_rates = [rates[t.task_id] for t in tasks if t.task_id in rates]
     rewards = [s.reward for s in scores]
@@ -288,6 +291,8 @@ def _domain_fields(domain: dict[str, float] | None, scores: list[Score]) -> dict
     if not domain:
         return {}
     out: dict = {k: domain.get(k) for k in ("coverage", "copy_rate", "rename_rate")}
+    out.update({k: int(domain[k]) for k in ("targets_proved", "targets_attempted")
+                if domain.get(k) is not None})
     out["eligible_reward_distinct"] = len({round(s.reward, 12) for s in scores if s.eligible})
     return out
 

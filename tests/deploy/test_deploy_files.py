@@ -22,6 +22,10 @@ CONFIGS = sorted((REPO / "compassplay" / "configs").glob("*.yaml"))
 PAPER_CONFIGS = [REPO / "compassplay" / "configs" / f"{name}.yaml" for name in (
     "paper_coding_7b", "baseline_difficulty_7b", "baseline_soar_7b", "baseline_novelty_7b",
     "ablation_cos_novelty_7b")]
+# The paper-scale Lean configs (tests/test_config.py checks their settings).
+LEAN_PAPER_CONFIGS = [REPO / "compassplay" / "configs" / f"{name}.yaml" for name in (
+    "paper_lean_7b", "ablation_lean_cos_7b", "baseline_lean_novelty_7b",
+    "baseline_lean_difficulty_7b")]
 YAML_FILES = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml"), CLUSTER_YAML])
 JSON_FILES = sorted(DEPLOY.rglob("*.json"))
 ROLES = ("proposer", "solver", "verifier", "scorer", "learner")
@@ -164,6 +168,18 @@ def test_default_lean_actor_fits_a_lean_node():
     assert _kuberay_resources(groups["lean-verifier"]) == {"lean_repl": res["lean_repl"]}
 
 
+@pytest.mark.parametrize("path", LEAN_PAPER_CONFIGS, ids=_rel)
+def test_lean_paper_config_fleet_fits_the_lean_nodes(path):
+    lean = load_config(path).verifiers.lean
+    node = _node_types()["lean_verifier"]
+    res = node["resources"]
+    per_node = min(res[k] // v for k, v in lean.actor.resources.items())
+    assert set(lean.actor.resources) == {"lean_repl"} and per_node >= 1
+    assert res["CPU"] >= per_node * lean.actor.num_cpus and lean.actor.num_gpus == 0
+    assert 1 < lean.scaling.max_actors <= per_node * node["max_workers"]
+    assert lean.project_dir == "/home/ray/lean/mathlib4"  # where install_lean.sh puts Mathlib
+
+
 def test_install_lean_script_installs_elan_toolchain_repl_and_mathlib():
     res = subprocess.run(["bash", "-n", str(INSTALL_LEAN)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
@@ -216,7 +232,7 @@ def test_config_resources_exist_on_some_node_type(path):
             f"{_rel(path)}: cluster.{role} {demand} fits no node type of ray_cluster.yaml"
 
 
-@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=_rel)
+@pytest.mark.parametrize("path", PAPER_CONFIGS + LEAN_PAPER_CONFIGS, ids=_rel)
 def test_paper_config_learner_and_scorers_pack_on_one_gpu_node(path):
     cfg = load_config(path)
     c, n = cfg.cluster, cfg.scorer.num_scorers

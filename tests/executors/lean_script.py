@@ -37,7 +37,7 @@ def install() -> None:
         out = []
         for i, (p, g) in enumerate(zip(prompts, gens, strict=True)):
             text = self.tokenizer.decode(p)
-            if "You write new Lean 4" in text:
+            if "You write Lean 4" in text:
                 g = g.model_copy(update={"text": propose(text, i)})
             elif "Prove the following Lean 4" in text:
                 g = g.model_copy(update={"text": solve(text, i)})

@@ -10,13 +10,17 @@ from compassplay.cli import main
 from compassplay.config import ConfigError, load_config
 from compassplay.run.dry_run import dry_run
 
-SHIPPED = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "compassplay"
-                                  / "configs").glob("*.yaml"))
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted(p.stem for p in (ROOT / "compassplay" / "configs").glob("*.yaml"))
+TARGETS = ROOT / "tests" / "envs" / "lean" / "targets.jsonl"
+LEAN = [n for n in SHIPPED if load_config(n).task.domain == "lean"]
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_passes_the_dry_run(name, capsys):
-    assert main(["run", "--config", name, "--dry-run"]) == 0
+    # a Lean config's target set is the user's (the paper's is not shipped): the test targets
+    extra = [f"task.lean.target_file={TARGETS}"] if name in LEAN else []
+    assert main(["run", "--config", name, "--dry-run", *extra]) == 0
     out = capsys.readouterr().out
     report = json.loads(out[:out.rindex("}") + 1])
     assert report["resources"] and report["resources_total"]["CPU"] > 0
@@ -29,6 +33,21 @@ def test_every_shipped_config_passes_the_dry_run(name, capsys):
         assert plan["gpus"] == [] and "no role asks for a GPU" in plan["notes"][0]
     if report["reward"] == "soar":
         assert report["soar_heldout_items"] >= 1 or report["environment"]["heldout_seeds"]
+    if name in LEAN:
+        assert report["environment"]["targets"] == 3 and "lean-fleet" in report["resources"]
+
+
+def test_lean_paper_configs_take_their_targets_from_the_data_dir(tmp_path, monkeypatch, capsys):
+    assert {"paper_lean_7b", "ablation_lean_cos_7b", "baseline_lean_novelty_7b",
+            "baseline_lean_difficulty_7b"} <= set(LEAN)
+    monkeypatch.delenv("COMPASSPLAY_DATA_DIR", raising=False)
+    assert main(["run", "--config", "paper_lean_7b", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "task.lean.target_file: paper_lean_targets.jsonl: target file not found" in err
+    (tmp_path / "paper_lean_targets.jsonl").write_text(TARGETS.read_text())
+    monkeypatch.setenv("COMPASSPLAY_DATA_DIR", str(tmp_path))
+    report = dry_run(load_config("baseline_lean_difficulty_7b"))
+    assert report["environment"]["targets"] == 3 and report["reward"] == "difficulty"
 
 
 def test_soar_paper_config_measures_on_math_disjoint_from_the_reference():

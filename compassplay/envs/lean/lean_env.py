@@ -1,26 +1,35 @@
 """`LeanEnvironment`: self-play theorem proving on a target set (SGS-style, see the paper).
 
 - Targets: a miniF2F-style jsonl (`targets`). Seeds are the targets the solver has proved
-  (`buffer.LeanBuffer`, the checkpoint state); until one is, the proposer is shown an unsolved
-  target without a proof.
+  (`buffer.LeanBuffer`, the checkpoint state). The paper's g_ref is the solver's verified
+  proof of the seed the proposer conditions on, so the proposer is shown proved targets only:
+  before the first proof an iteration has no conjectures (`can_propose` is False) and the
+  prover attempts the targets alone. `task.lean.propose_before_proof` shows an unsolved target
+  without a proof instead (its conjectures have no local reference).
 - Proposal: conditioned on one seed statement (and its proof, `task.lean.include_proof`), the
   proposer writes a conjecture, a theorem statement in a ```lean block; its theorem is
-  renamed to a unique `conj_<task id>`. Parse failures: 'parse:<reason>'.
+  renamed to a unique `conj_<task id>`. Parse failures: 'parse:<reason>'. The prompt does not
+  ask for novelty (`task.lean.forbid_copies`, off: the novelty factor closes the copy
+  shortcut).
 - Validation: Lean elaborates `<conjecture> := by sorry` (status 'sorry'); anything else is
   invalid with reason 'lean:<status>' (error, timeout, crash, memory, protocol, ...).
-- Solving: n attempts at each valid conjecture and at `solver.seed_tasks_per_step` unsolved
-  targets (`sample_buffer`). An attempt is the full theorem with its proof (a bare tactic
-  proof is completed with the statement). Conjectures and attempts using a word of
-  `statements.BANNED` (axiom, native_decide, ...) are rejected unchecked ('banned_<word>').
+- Solving (SGS's iteration): n attempts at each valid conjecture and at every unsolved target
+  (`sample_buffer`; `task.lean.targets_per_iteration=N`: a sample of N). An attempt is the
+  full theorem with its proof (a bare tactic proof is completed with the statement).
+  Conjectures and attempts using a word of `statements.BANNED` (axiom, native_decide, ...)
+  are rejected unchecked ('banned_<word>').
 - Grading: accepted by Lean and the statement unchanged (`check_statement_preserved`, in the
-  pool: status 'statement_changed').
+  pool: status 'statement_changed'). Checks go to the pool `task.lean.check_chunk` at a time,
+  with a progress line per chunk (`chunked`).
 - Verified solution: the first accepted proof. Local reference: (solver prompt of the seed,
   the seed's proof). Novelty pair: (conjecture, seed) signatures (theorem names dropped).
-- `record_results`: a target's first accepted proof joins the buffer (coverage grows).
+- `record_results`: a target's first accepted proof joins the buffer; coverage (distinct
+  targets ever proved / targets), targets_proved and targets_attempted go to metrics.jsonl.
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 from collections import Counter
@@ -29,6 +38,7 @@ from typing import Any
 from compassplay.config import RunConfig
 from compassplay.envs.interface import Environment
 from compassplay.envs.lean import lean_prompts as prompts
+from compassplay.envs.lean.chunked import check_in_chunks
 from compassplay.envs.lean.lean_buffer import LeanBuffer
 from compassplay.envs.lean.statements import (
     alpha_normal,
@@ -43,6 +53,7 @@ from compassplay.records import Attempt, Score, Task, Verdict
 from compassplay.rewards.functions import regex_tokenize, token_jaccard
 from compassplay.verifiers.lean_pool import LeanCheck, LeanPool
 
+log = logging.getLogger(__name__)
 COPY_JACCARD = 0.8  # an in-band conjecture this close to its seed (token Jaccard) is a copy
 RAN = ("accepted", "error", "sorry")  # statuses of a check that ran (the verdict is Lean's)
 
@@ -64,12 +75,21 @@ class LeanEnvironment(Environment):
         self.counters: Counter = Counter()
 
     # ----------------------------------------------------------------- proposer
+    def can_propose(self, task_type: str) -> bool:
+        """A proved target to condition on (or, with propose_before_proof, any target)."""
+        return bool(self.buffer.proofs) or self.cfg.propose_before_proof
+
     def proposer_prompt(self, task_type: str, rng: random.Random) -> tuple[str, list[str]]:
+        """The message showing one proved target (a uniform draw) and the seed's id."""
         seed = self.buffer.sample_seed(rng)
         if seed is None:
+            if not self.cfg.propose_before_proof:
+                raise RuntimeError("no proved target to condition on (can_propose is False)")
             seed = self.buffer.sample_unsolved(1, rng)[0]
+        proved = seed.task_id in self.buffer.proofs
         proof = self.buffer.proofs.get(seed.task_id) if self.cfg.include_proof else None
-        return prompts.proposer_prompt(seed.statement, proof), [seed.task_id]
+        return prompts.proposer_prompt(seed.statement, proof, proved,
+                                       self.cfg.forbid_copies), [seed.task_id]
 
     def response_prefix(self, role: str, task_type: str) -> str:
         return prompts.FENCE
@@ -98,7 +118,8 @@ class LeanEnvironment(Environment):
         checks = [LeanCheck(t.statement + " := by sorry", header=self.header,
                             timeout_s=self.cfg.validate_timeout_s) for t in tasks]
         out = []
-        for task, v in zip(tasks, self._pool().check_many(checks), strict=True):
+        verdicts = check_in_chunks(self._pool(), checks, self.cfg.check_chunk, "validation")
+        for task, v in zip(tasks, verdicts, strict=True):
             ok = v.status == "sorry"
             if not ok:
                 self.counters[f"invalid:lean:{v.status}"] += 1
@@ -141,7 +162,7 @@ class LeanEnvironment(Environment):
                 jobs.append(i)
                 checks.append(LeanCheck(att.answer, header=self.header, target=task.statement,
                                         timeout_s=self.cfg.grade_timeout_s))
-        results = self._pool().check_many(checks) if checks else []
+        results = check_in_chunks(self._pool(), checks, self.cfg.check_chunk, "grading")
         for i, v in zip(jobs, results, strict=True):
             task, att = pairs[i]
             verdicts[i] = Verdict(task_id=task.task_id, index=att.index, correct=v.accepted,
@@ -174,8 +195,11 @@ class LeanEnvironment(Environment):
         return self.buffer.targets.get(task_id)
 
     def sample_buffer(self, k: int, rng: random.Random) -> list[Task]:
-        """k unsolved targets for the solver to attempt this step."""
-        return self.buffer.sample_unsolved(k, rng)
+        """The unsolved targets the prover attempts this iteration: every one, in target-file
+        order (task.lean.targets_per_iteration=all, SGS), or a uniform sample of N. `k`
+        (solver.seed_tasks_per_step, the coding buffer's setting) is not used."""
+        n = self.cfg.targets_per_iteration
+        return self.buffer.unsolved() if n == "all" else self.buffer.sample_unsolved(n, rng)
 
     def add_to_buffer(self, tasks: list[Task]) -> int:
         """Conjectures do not join the buffer: the seeds are proved targets."""
@@ -183,14 +207,22 @@ class LeanEnvironment(Environment):
 
     def record_results(self, tasks: list[Task], attempts: list[Attempt],
                        verdicts: list[Verdict]) -> dict[str, float]:
-        """Targets' first accepted proofs join the buffer; {'new_proofs', 'coverage'}."""
+        """Targets' first accepted proofs join the buffer. Returns {'new_proofs', 'coverage'
+        (distinct targets ever proved / targets), 'targets_proved' (that count),
+        'targets_attempted' (targets the prover attempted this iteration)}."""
         by_id = {t.task_id: t for t in tasks}
         new = 0
         for att, ver in zip(attempts, verdicts, strict=True):
             task = by_id.get(att.task_id)
             if ver.correct and task is not None and task.source == "seed":
                 new += self.buffer.record(task.task_id, att.answer)
-        return {"new_proofs": float(new), "coverage": self.buffer.coverage()}
+        attempted = sum(t.source == "seed" for t in tasks)
+        log.info("Lean: %d target(s) attempted, %d newly proved; coverage %d/%d = %.4f",
+                 attempted, new, len(self.buffer), len(self.buffer.targets),
+                 self.buffer.coverage())
+        return {"new_proofs": float(new), "coverage": self.buffer.coverage(),
+                "targets_proved": float(len(self.buffer)),
+                "targets_attempted": float(attempted)}
 
     def step_metrics(self, tasks: list[Task], rates: dict[str, float],
                      scores: list[Score]) -> dict[str, float]:

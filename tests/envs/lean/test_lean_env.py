@@ -10,6 +10,7 @@ import pytest
 
 from compassplay.config import ConfigError, load_config
 from compassplay.envs.lean import LeanEnvironment
+from compassplay.envs.lean import lean_prompts as prompts
 from compassplay.envs.lean.statements import alpha_normal, parse_statement
 from compassplay.envs.lean.targets import TargetFileError, load_targets
 from compassplay.records import Attempt, Task
@@ -62,8 +63,20 @@ def test_targets_loader_errors(tmp_path):
         load_targets(tmp_path / "missing.jsonl")
 
 
-def test_prompts_and_parse(env):
-    text, seeds = env.proposer_prompt("lean_prove", random.Random(0))
+def test_target_file_by_name_in_the_data_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("COMPASSPLAY_DATA_DIR", raising=False)
+    with pytest.raises(TargetFileError, match=r"not found .*COMPASSPLAY_DATA_DIR \(unset\)"):
+        load_targets("mine.jsonl")
+    (tmp_path / "mine.jsonl").write_text(TARGETS.read_text())
+    monkeypatch.setenv("COMPASSPLAY_DATA_DIR", str(tmp_path))
+    assert len(load_targets("mine.jsonl")[0]) == 3
+    with pytest.raises(TargetFileError, match=f"other.jsonl: .*={tmp_path}"):
+        load_targets("other.jsonl")
+
+
+def test_prompts_and_parse(env, pool):
+    early = LeanEnvironment(lean_cfg(**{"task.lean.propose_before_proof": True}), pool)
+    text, seeds = early.proposer_prompt("lean_prove", random.Random(0))
     assert seeds[0].startswith("target:") and "sorry" in text  # no proved seed yet
     ok = env.parse_proposal("lean_prove", "```lean\nlemma foo (m : ℕ) : m * 1 = m := by sorry\n```",
                             ["target:add_zero"], "s0-lean_prove-1")
@@ -77,6 +90,22 @@ def test_prompts_and_parse(env):
         t = env.parse_proposal("lean_prove", reply, ["target:add_zero"], "p")
         assert t.invalid_reason == reason and not t.valid
     assert "do not change the statement" in env.solver_prompt(ok)
+
+
+def test_proposer_prompt_does_not_forbid_copies(pool):
+    """Paper: the copy shortcut is left to the reward (the novelty factor closes it); the ask
+    not to copy is an opt-in (task.lean.forbid_copies)."""
+    shown = {}
+    for forbid in (False, True):
+        env = LeanEnvironment(lean_cfg(**{"task.lean.forbid_copies": forbid}), pool)
+        env.buffer.record("target:two_two", "theorem two_two : (2 : ℕ) + 2 = 4 := by decide")
+        text, seeds = env.proposer_prompt("lean_prove", random.Random(0))
+        assert seeds == ["target:two_two"] and "by decide" in text and "it has proved" in text
+        shown[forbid] = text
+    for word in ("copy", "renam", "new ", "novel", "different"):
+        assert word not in shown[False].lower(), word
+    assert "not be a copy or a renaming" in shown[True]
+    assert shown[True].replace(prompts.NO_COPIES, "") == shown[False]
 
 
 def test_validate_and_grade(env):
@@ -106,17 +135,35 @@ def test_validate_and_grade(env):
     assert env.verified_solution(good, atts[2:], verdicts[2:]) is None
 
 
+def test_chunked_checks_give_the_same_verdicts(env, pool):
+    one = LeanEnvironment(lean_cfg(**{"task.lean.check_chunk": 1}), pool)
+    mk = lambda e, i, body: e.parse_proposal("lean_prove",  # noqa: E731
+                                             f"```lean\n{body} := by sorry\n```",
+                                             ["target:two_two"], f"c{i}")
+    bodies = ["theorem a (n : ℕ) : n + 1 = 1 + n", "theorem b : UNKNOWN_x = 1",
+              "theorem c : (1 : ℕ) = 1"]
+    tasks = {e: e.validate([mk(e, i, b) for i, b in enumerate(bodies)]) for e in (env, one)}
+    assert [t.valid for t in tasks[one]] == [t.valid for t in tasks[env]] == [True, False, True]
+    pairs = {e: [(t, e.parse_attempt(t, f"```lean\nby {p}\n```", k))
+                 for t in tasks[e] for k, p in enumerate(["omega", "exact foo"])]
+             for e in (env, one)}
+    got = {e: [(v.correct, v.status) for v in e.grade(pairs[e])] for e in (env, one)}
+    assert got[one] == got[env] and [c for c, _ in got[env]] == [True, False] * 1 + [
+        False, False] + [True, False]
+
+
 def test_buffer_coverage_and_state_round_trip(env, pool):
     rng = random.Random(1)
-    unsolved = env.sample_buffer(5, rng)
+    unsolved = env.sample_buffer(1, rng)  # every unsolved target (k is the coding setting)
     assert len(unsolved) == 3 and all(t.source == "seed" for t in unsolved)
     target = env.seed_of("target:two_two")
     att = Attempt(task_id=target.task_id, index=0, answer=target.statement + " := by decide")
     [v] = env.grade([(target, att)])
     assert v.correct
     out = env.record_results([target], [att], [v])
-    assert out == {"new_proofs": 1.0, "coverage": pytest.approx(1 / 3)}
-    assert len(env.sample_buffer(5, rng)) == 2
+    assert out == {"new_proofs": 1.0, "coverage": pytest.approx(1 / 3), "targets_proved": 1.0,
+                   "targets_attempted": 1.0}
+    assert len(env.sample_buffer(1, rng)) == 2
     text, seeds = env.proposer_prompt("lean_prove", rng)
     assert seeds == ["target:two_two"] and "decide" in text
     conj = env.parse_proposal("lean_prove", "```lean\ntheorem z : (3 : ℕ) + 3 = 6 := by sorry\n```",
