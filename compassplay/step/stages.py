@@ -183,8 +183,8 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
                    utility: dict[str, float] | None = None) -> list[Score]:
     """One Score per proposed task.
 
-    Parse failures get `format_penalty`; parsed but ill-posed tasks get half of it (AZR's
-    -0.5 convention); well-posed tasks get the reward of `cfg.kind`, 0 when ineligible.
+    Parse failures get `format_penalty`, parsed but ill-posed tasks `invalid_penalty`;
+    well-posed tasks get the reward of `cfg.kind`, `ineligible_reward` outside the band.
     `alignment[task_id] = (cosine, inner, grad_norm)` for scored candidates; `utility` holds
     SOAR's measured utility per task for kind "soar"; `rates` is s(x) per solved task.
     """
@@ -200,15 +200,16 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
         if cand is not None:
             nov = 1.0 - token_jaccard(cand.novelty_tokens, cand.seed_tokens)
         parse_fail = task.invalid_reason.startswith("parse:")
-        penalty = cfg.format_penalty if parse_fail else cfg.format_penalty / 2
+        penalty = cfg.format_penalty if parse_fail else cfg.invalid_penalty
         if cfg.kind == "soar":
             reward = penalty if not task.valid else (
-                (utility or {}).get(task.task_id, 0.0) if cand is not None else 0.0)
+                (utility or {}).get(task.task_id, 0.0) if cand is not None
+                else cfg.ineligible_reward)
         else:
             reward = proposer_reward(
                 cfg.kind, solve_rate=s, well_formed=task.valid, eligible=cand is not None,
                 cosine=cos, inner=inner, novelty_value=nov, eta=cfg.eta,
-                azr_compat=cfg.azr_compat, penalty=penalty)
+                ineligible_reward=cfg.ineligible_reward, penalty=penalty)
         scores.append(Score(task_id=task.task_id, reward=reward, kind=cfg.kind,
                             eligible=cand is not None, solve_rate=s, cosine=cos, inner=inner,
                             grad_norm=norm, novelty=nov))

@@ -1,5 +1,7 @@
 """The reward path of one step on real records: sandbox grading, candidates, scorer, rewards."""
 
+from pathlib import Path
+
 import pytest
 
 from compassplay.config import RewardSection, load_config
@@ -100,7 +102,7 @@ def test_rewards_per_kind(setup, kind):
     scores = {s.task_id: s for s in stages.assign_rewards(cfg, tasks, rates_of(tasks, verdicts), cands,
                                                            alignment)}
     assert scores["p3"].reward == -1.0  # unparseable proposal: format penalty
-    assert scores["p4"].reward == -0.5  # parsed but ill-posed: half of it
+    assert scores["p4"].reward == -1.0  # parsed but ill-posed: invalid_penalty (AZR's code)
     by_cand = {c.task_id: c for c in cands}
     for tid in ("p0", "p2"):
         cos, inner, _ = alignment[tid]
@@ -110,7 +112,45 @@ def test_rewards_per_kind(setup, kind):
                 "novelty": nov, "cos_novelty": cos * nov}[kind]
         assert scores[tid].reward == pytest.approx(want, abs=1e-12)
         assert scores[tid].eligible
-    assert scores["p1"].reward == 0.0 and not scores["p1"].eligible
+    assert scores["p1"].reward == -0.5 and not scores["p1"].eligible  # s = 1: AZR's code
+
+
+@pytest.mark.parametrize("kind", ["difficulty", "cosine", "soar"])
+@pytest.mark.parametrize("outside,invalid", [(0.0, -0.5), (-0.5, -1.0)])
+def test_outside_the_band_and_ill_posed_rewards_follow_the_config(setup, kind, outside,
+                                                                   invalid):
+    _, _, tasks, _, verdicts, cands, alignment = setup
+    cfg = RewardSection(kind=kind, ineligible_reward=outside, invalid_penalty=invalid)
+    utility = {c.task_id: 0.125 for c in cands}
+    scores = {s.task_id: s for s in stages.assign_rewards(
+        cfg, tasks, rates_of(tasks, verdicts), cands, alignment, utility)}
+    assert scores["p1"].reward == outside  # valid, solved by all 4 attempts: s = 1
+    assert scores["p4"].reward == invalid and scores["p3"].reward == -1.0
+    inside = {"difficulty": 0.5, "cosine": alignment["p0"][0], "soar": 0.125}[kind]
+    assert scores["p0"].reward == pytest.approx(inside)  # s = 0.5: the kind's own reward
+
+
+def test_configs_written_before_ineligible_reward_keep_their_rewards():
+    old = RewardSection.model_validate({"kind": "difficulty", "azr_compat": True,
+                                        "format_penalty": -1.0})
+    assert (old.ineligible_reward, old.invalid_penalty) == (-0.5, -0.5)
+    old = RewardSection.model_validate({"kind": "cosine", "azr_compat": True})
+    assert (old.ineligible_reward, old.invalid_penalty) == (0.0, -0.5)
+    assert RewardSection.model_validate({"kind": "difficulty", "azr_compat": False}
+                                        ).ineligible_reward == 0.0
+    new = RewardSection()
+    assert (new.ineligible_reward, new.invalid_penalty, new.format_penalty) == (-0.5, -1.0,
+                                                                                -1.0)
+
+
+def test_the_7b_configs_state_their_rewards_outside_the_band():
+    for name in ("paper_coding_7b", "baseline_difficulty_7b"):
+        cfg = load_config(name)
+        assert cfg.reward.ineligible_reward == -0.5 and cfg.reward.invalid_penalty == -1.0
+    assert load_config("baseline_difficulty_7b").reward.kind == "difficulty"
+    text = (Path(stages.__file__).parents[1] / "configs" / "baseline_difficulty_7b.yaml"
+            ).read_text()
+    assert "ineligible_reward: -0.5" in text and "paper" in text
 
 
 def test_trajectories_carry_rewards(setup):
@@ -156,7 +196,7 @@ def test_soar_rewards_are_one_value_per_group(setup):
     scores = {s.task_id: s for s in stages.assign_rewards(
         RewardSection(kind="soar"), tasks, rates_of(tasks, verdicts), cands, {}, utility)}
     assert scores["p0"].reward == utility["p0"] != 0.0
-    assert scores["p1"].reward == 0.0 and scores["p3"].reward == -1.0
+    assert scores["p1"].reward == -0.5 and scores["p3"].reward == -1.0
     # SOAR's compute is recorded with the step (merged over shards)
     cost = merge_soar(shards)
     assert cost["soar_groups"] == 1 and cost["soar_seconds"] > 0
