@@ -55,7 +55,8 @@ class Task(Record):
     the novelty text (`Environment.novelty_text`) of every reference it was shown, filled at
     proposal time (novelty compares with the closest of them);
     `seed_statement`/`seed_solution` are the local reference's source: the Lean seed's
-    statement and verified proof; for code, the first shown seed's solver prompt and gold answer.
+    statement and verified proof; for code, the solver prompt and gold answer of the shown seed
+    `reward.local_reference_seed` picks.
     """
 
     task_id: str

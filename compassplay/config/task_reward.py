@@ -152,6 +152,12 @@ class RewardSection(Section):
         "global", description="gradient kinds' reference: global = the reference set "
         "(`reference.path`); local = per candidate, the solver's verified solution of the seed "
         "it was written from (environments that provide one, e.g. lean)")
+    local_reference_seed: Literal["closest", "first"] = Field(
+        "closest", description="reference=local with several shown seeds (coding deduction/"
+        "abduction shows proposer.num_references): the seed whose solution is the candidate's "
+        "reference. closest = the one novelty compares it with (largest token Jaccard on the "
+        "reward.novelty_tokenizer tokens); first = the first shown (this project's choice "
+        "before 2026-12-01). The paper's local reference (Lean) has one seed; AZR has none")
 
 
 class ReferenceSection(Section):

@@ -17,6 +17,9 @@ REWARD_KINDS: tuple[str, ...] = ("difficulty", "cosine", "inner", "cos_novelty",
 #: Default regex tokenizer: runs of word characters, or single non-space punctuation characters.
 DEFAULT_TOKEN_PATTERN = r"\w+|[^\w\s]"
 
+#: Text -> the tokens a Jaccard compares (model token ids, or `regex_tokenize`'s strings).
+Tokenize = Callable[[str], Sequence[Hashable]]
+
 #: What AZR's released code gives a valid, well-formatted proposal the solver always or never
 #: solves: its learnability is 0 there, and a proposal with zero learnability gets -0.5.
 AZR_CODE_OUTSIDE_REWARD = -0.5
@@ -72,6 +75,17 @@ def token_jaccard(a: Iterable[Hashable], b: Iterable[Hashable]) -> float:
     if not sa and not sb:
         return 1.0
     return len(sa & sb) / len(sa | sb)
+
+
+def closest_index(tokens: Sequence[Hashable], references: Sequence[Sequence[Hashable]]) -> int:
+    """Index of the reference with the largest token Jaccard to `tokens` (the first on ties);
+    -1 when there are no references."""
+    best, best_j = -1, -1.0
+    for i, ref in enumerate(references):
+        j = token_jaccard(tokens, ref)
+        if j > best_j:
+            best, best_j = i, j
+    return best
 
 
 def novelty(candidate_tokens: Sequence[Hashable], seed_tokens: Sequence[Hashable]) -> float:

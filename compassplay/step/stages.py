@@ -29,6 +29,7 @@ from compassplay.records import (
     Verdict,
 )
 from compassplay.rewards.functions import (
+    closest_index,
     is_eligible,
     proposer_reward,
     token_jaccard,
@@ -74,11 +75,28 @@ def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfi
             task = task.model_copy(update={"valid": False,
                                            "invalid_reason": f"generation: {gen.error}"})
         seed = env.seed_of(seed_ids[0]) if seed_ids else None
-        tasks.append(task.model_copy(update={
+        shown = [(sid, text) for sid in seed_ids for text in env.reference_texts(task_type, [sid])]
+        task = task.model_copy(update={
             "proposal": gen, "seed_program": seed.program if seed else "",
-            "seed_texts": env.reference_texts(task_type, seed_ids)}))
+            "seed_texts": [text for _, text in shown]})
+        tasks.append(_local_reference_seed(env, tokenizer, cfg, task, shown))
     seed_tasks = env.sample_buffer(cfg.solver.seed_tasks_per_step, rng)
     return ProposalSet(tasks=tasks, seed_tasks=seed_tasks)
+
+
+def _local_reference_seed(env: Environment, tokenizer, cfg: RunConfig, task: Task,
+                          shown: list[tuple[str, str]]) -> Task:
+    """`reward.local_reference_seed=closest` (with a local reference and several shown seeds):
+    the task's local reference comes from the shown seed novelty compares it with (largest
+    token Jaccard on the novelty tokens); else it keeps the environment's (the first seed's)."""
+    r = cfg.reward
+    if (r.reference != "local" or r.local_reference_seed != "closest" or len(shown) < 2
+            or not task.seed_statement or task.invalid_reason):
+        return task
+    kind = r.novelty_tokenizer
+    mine = novelty_tokens(tokenizer, env.novelty_text(task), kind)
+    i = closest_index(mine, [novelty_tokens(tokenizer, text, kind) for _, text in shown])
+    return task.model_copy(update=env.seed_reference(task.task_type, shown[i][0]) or {})
 
 
 def _generate(engine: GenerationEngine, prompts: list[list[int]],
@@ -175,7 +193,7 @@ def candidate_novelty(env: Environment, tokenizer, task: Task, kind: str) -> tup
     mine = novelty_tokens(tokenizer, env.novelty_text(task), kind)
     texts = task.seed_texts or [env.novelty_pair(task)[1]]
     refs = [novelty_tokens(tokenizer, t, kind) for t in texts]
-    return mine, max(refs, key=lambda r: token_jaccard(mine, r))
+    return mine, refs[closest_index(mine, refs)]
 
 
 def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float],

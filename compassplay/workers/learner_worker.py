@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ from compassplay.step.messages import (
     StepResult,
     Validated,
 )
+from compassplay.step.prompting import novelty_tokens
 from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync.channel import NcclChannel, open_channel
@@ -183,7 +185,9 @@ class LearnerWorker:
         cost = step_cost(timings, ROLE_OF, self.cumulative_device_seconds)
         cost.update(merge_soar(shards))
         self.cumulative_device_seconds = cost["cumulative_device_seconds"]
-        domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores), **(recorded or {})}
+        tokenize = partial(novelty_tokens, self.tok, kind=self.cfg.reward.novelty_tokenizer)
+        domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores, tokenize),
+                  **(recorded or {})}
         stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,
                                  graded.verdicts, scores, lstats, cost, domain or None)
         if self.reference is not None:
