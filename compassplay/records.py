@@ -217,7 +217,10 @@ class Trajectory(Record):
     """One sampled completion with its scalar reward, as the learner consumes it.
 
     Advantages are normalized within each (task_type, role) group of a batch (task-relative
-    REINFORCE++); `reward` is the raw scalar (proposer reward or solver reward).
+    REINFORCE++); `reward` is the raw scalar (proposer reward or solver reward). Members of a
+    group that share a non-empty `subgroup` have their deviations from their own mean
+    standardized among themselves (`engines.advantages`; reward.normalize=eligible labels the
+    eligible proposals "eligible").
     """
 
     generation: Generation
@@ -225,3 +228,4 @@ class Trajectory(Record):
     role: Role
     task_type: TaskType
     task_id: str = ""
+    subgroup: str = ""

@@ -123,6 +123,17 @@ class RewardSection(Section):
         "(checked on public mirrors of absolute_zero_reasoner/rewards/reward_managers.py, "
         "CodeIORewardManager.__call__; AZR's own repository was not readable here); 0 = AZR's "
         "paper equation (r = 0 when s is 0 or 1; this project's choice before 2026-12-01)")
+    normalize: Literal["all", "eligible"] = Field(
+        "all", description="how proposer rewards become advantages, per task type. all = "
+        "AZR's Task-Relative REINFORCE++ (one z-score per task type and role over all "
+        "proposals): the penalties and the ineligible reward set the scale, so the cosine's "
+        "spread among eligible candidates (s.d. 0.02) carries 0.1% of the proposer's advantage "
+        "variance (0.5% with the earlier -0.5 / 0 rewards); eligible = the same class contrasts "
+        "plus the eligible candidates' deviations from their mean standardized among themselves "
+        "(unit s.d., engines/advantages.py): 23%. Measured on recorded cosine-arm proposals "
+        "resampled to 64 per task type (docs/measurements/normalisation-2026-12-01). The paper "
+        "is silent (its Lean copies at reward 0 'pushed down' need the comparison with the "
+        "other eligible candidates to count)")
     novelty_tokenizer: Literal["model", "regex"] = Field(
         "model", description="tokens of the novelty Jaccard: model = the policy's tokenizer; "
         "regex = words and single punctuation characters")

@@ -235,16 +235,21 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
 
 
 def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attempt],
-                      verdicts: list[Verdict], scores: list[Score]) -> list[Trajectory]:
+                      verdicts: list[Verdict], scores: list[Score],
+                      normalize: str = "all") -> list[Trajectory]:
     """Proposer trajectories (one per proposal) and solver trajectories (one per attempt);
-    a generation the engine failed (`Generation.failed`: no tokens to train on) gives none."""
+    a generation the engine failed (`Generation.failed`: no tokens to train on) gives none.
+    `normalize` (reward.normalize): 'eligible' labels eligible proposals so their rewards are
+    standardized among themselves (`engines.advantages`)."""
     by_task = {t.task_id: t for t in tasks}
     out = []
     for sc in scores:
         task = by_task[sc.task_id]
         if task.proposal is not None and not task.proposal.failed:
+            sub = "eligible" if normalize == "eligible" and sc.eligible else ""
             out.append(Trajectory(generation=task.proposal, reward=sc.reward, role="proposer",
-                                  task_type=task.task_type, task_id=task.task_id))
+                                  task_type=task.task_type, task_id=task.task_id,
+                                  subgroup=sub))
     for att, ver in zip(attempts, verdicts, strict=True):
         if att.generation is not None and not att.generation.failed:
             out.append(Trajectory(generation=att.generation, reward=env.solver_reward(att, ver),

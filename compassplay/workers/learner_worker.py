@@ -175,7 +175,8 @@ class LearnerWorker:
         scores = stages.assign_rewards(self.cfg.reward, batch.tasks, graded.rates, cands,
                                        alignment, merge_utility(shards))
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
-                                         attempts.attempts, graded.verdicts, scores)
+                                         attempts.attempts, graded.verdicts, scores,
+                                         self.cfg.reward.normalize)
         with timed(self.gpus) as learn_timing:
             lstats = self.learner.step(trajs)
         lstats.weight_version = self.weight_version

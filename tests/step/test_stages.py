@@ -165,6 +165,19 @@ def test_trajectories_carry_rewards(setup):
     assert isinstance(attempts[0], Attempt)
 
 
+@pytest.mark.parametrize("normalize", ["all", "eligible"])
+def test_eligible_proposals_are_labelled_for_normalize_eligible(setup, normalize):
+    _, env, tasks, attempts, verdicts, cands, alignment = setup
+    gen = Generation(prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], text="x")
+    tasks = [t.model_copy(update={"proposal": gen}) for t in tasks]
+    scores = stages.assign_rewards(RewardSection(kind="cosine", normalize=normalize), tasks,
+                                   rates_of(tasks, verdicts), cands, alignment)
+    trajs = stages.make_trajectories(env, tasks, attempts, verdicts, scores, normalize)
+    labelled = {t.task_id for t in trajs if t.subgroup}
+    assert all(t.role == "proposer" for t in trajs if t.subgroup)
+    assert labelled == ({"p0", "p2"} if normalize == "eligible" else set())
+
+
 def _scored(setup, overrides, num_shards=1):
     _, _, tasks, attempts, verdicts, _, _ = setup
     shards, alignment, _ = _scored_shards(tasks, attempts, verdicts, overrides, num_shards)
