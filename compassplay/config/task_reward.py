@@ -35,8 +35,15 @@ class TaskSection(Section):
     types: list[Literal["deduction", "abduction", "induction", "lean_prove"]] = Field(
         default_factory=lambda: ["deduction"], description="task types proposed each step "
         "(lean: exactly [lean_prove], the default when task.domain=lean)")
-    seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set, "
-                           "'simple' = the shipped short programs (small models)")
+    seed_file: str = Field("", description="AZR-style seed jsonl, or several separated by "
+                           "commas, each a path or a file name in $COMPASSPLAY_DATA_DIR; '' = "
+                           "the shipped seed set (35 programs), 'simple' = the shipped short "
+                           "programs (small models). AZR's 7B runs start from its own 256 io + "
+                           "256 induction seeds: azr_7b_coder_seed_io.jsonl,"
+                           "azr_7b_coder_code_f_seed_io.jsonl (the 7B configs)")
+    induction_inputs: int = Field(10, ge=2, description="inputs an induction proposal writes "
+                                  "for its program (half shown, half hidden). AZR's code: 10 "
+                                  "(CodeIORewardManager num_inputs); the CPU configs: 6")
     buffer_size: int = Field(4096, ge=1, description="tasks the task buffer holds (seeds and "
                              "valid proposals; the oldest leave first)")
     answer_format: Literal["fenced", "think_answer"] = Field(

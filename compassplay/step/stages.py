@@ -123,22 +123,30 @@ def validate(env: Environment, tasks: list[Task]) -> list[Task]:
     return [checked.get(t.task_id, t) for t in tasks]
 
 
+def samples_per_task(cfg: RunConfig, tasks: list[Task], seed_ids: set[str]) -> list[int]:
+    """Attempts per task: n_samples for proposed tasks (they estimate s(x)); for buffer tasks
+    (`seed_ids`) solver.seed_task_samples (0 = n_samples)."""
+    s = cfg.solver
+    seed_n = s.seed_task_samples or s.n_samples
+    return [seed_n if t.task_id in seed_ids else s.n_samples for t in tasks]
+
+
 def solve(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
-          tasks: list[Task], step: int) -> list[Attempt]:
-    """n_samples attempts per task (tasks must be valid), in task order then sample order."""
-    n = cfg.solver.n_samples
+          tasks: list[Task], step: int, seed_ids: set[str] | None = None) -> list[Attempt]:
+    """Attempts per task (`samples_per_task`; tasks must be valid), in task order then sample
+    order. `seed_ids`: which tasks are buffer tasks (None: none are)."""
+    counts = samples_per_task(cfg, tasks, seed_ids or set())
+    owner = [(i, k) for i, n in enumerate(counts) for k in range(n)]
     prefixes = [prefix_of(env, cfg, "solver", t.task_type) for t in tasks]
-    prompts = [prompt_ids(tokenizer, env.solver_prompt(t), p)
-               for t, p in zip(tasks, prefixes, strict=True) for _ in range(n)]
+    prompts = [prompt_ids(tokenizer, env.solver_prompt(tasks[i]), prefixes[i]) for i, _ in owner]
     if not prompts:
         return []
-    templates = [template_of(env, cfg, "solver", t.task_type) for t in tasks for _ in range(n)]
+    templates = [template_of(env, cfg, "solver", tasks[i].task_type) for i, _ in owner]
     gens = _generate(engine, prompts, templates, cfg.solver,
                      stage_seed(cfg.run.seed, step, "gen-s"))
     attempts = []
-    for k, gen in enumerate(gens):
-        task = tasks[k // n]
-        att = env.parse_attempt(task, prefixes[k // n] + gen.text, k % n)
+    for (i, k), gen in zip(owner, gens, strict=True):
+        att = env.parse_attempt(tasks[i], prefixes[i] + gen.text, k)
         attempts.append(att.model_copy(update={"generation": gen}))
     return attempts
 
@@ -236,11 +244,14 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
 
 def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attempt],
                       verdicts: list[Verdict], scores: list[Score],
-                      normalize: str = "all") -> list[Trajectory]:
-    """Proposer trajectories (one per proposal) and solver trajectories (one per attempt);
-    a generation the engine failed (`Generation.failed`: no tokens to train on) gives none.
-    `normalize` (reward.normalize): 'eligible' labels eligible proposals so their rewards are
-    standardized among themselves (`engines.advantages`)."""
+                      normalize: str = "all", train_ids: set[str] | None = None
+                      ) -> list[Trajectory]:
+    """Proposer trajectories (one per proposal) and solver trajectories (one per attempt at a
+    task in `train_ids`; None: every attempt); a generation the engine failed
+    (`Generation.failed`: no tokens to train on) gives none. `normalize` (reward.normalize):
+    'eligible' labels eligible proposals so their rewards are standardized among themselves
+    (`engines.advantages`). solver.train_on=buffer passes the buffer tasks' ids: the attempts
+    that estimate s(x) are not trained on."""
     by_task = {t.task_id: t for t in tasks}
     out = []
     for sc in scores:
@@ -251,6 +262,8 @@ def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attemp
                                   task_type=task.task_type, task_id=task.task_id,
                                   subgroup=sub))
     for att, ver in zip(attempts, verdicts, strict=True):
+        if train_ids is not None and att.task_id not in train_ids:
+            continue
         if att.generation is not None and not att.generation.failed:
             out.append(Trajectory(generation=att.generation, reward=env.solver_reward(att, ver),
                                   role="solver", task_type=by_task[att.task_id].task_type,

@@ -174,9 +174,11 @@ class LearnerWorker:
         cands, alignment = merge_shards(shards, param_shard)
         scores = stages.assign_rewards(self.cfg.reward, batch.tasks, graded.rates, cands,
                                        alignment, merge_utility(shards))
+        train = ({t.task_id for t in props.seed_tasks}
+                 if self.cfg.solver.train_on == "buffer" else None)
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
                                          attempts.attempts, graded.verdicts, scores,
-                                         self.cfg.reward.normalize)
+                                         self.cfg.reward.normalize, train)
         with timed(self.gpus) as learn_timing:
             lstats = self.learner.step(trajs)
         lstats.weight_version = self.weight_version

@@ -13,7 +13,8 @@ pytest.importorskip("deepspeed")
 
 @pytest.mark.slow
 def test_deepspeed_zero2_matches_torch(tmp_path):
-    cfg = LearnerSection(lr=1e-3, micro_batch=2, max_grad_norm=0.5, schedule="linear")
+    cfg = LearnerSection(lr=1e-3, micro_batch=2, max_grad_norm=0.5, schedule="linear",
+                         mini_batch_size=0)
     results = {}
     for backend in ("torch", "deepspeed"):
         model = tiny_causal_lm(seed=2)
@@ -50,7 +51,7 @@ def test_zero3_reset_in_place_equals_a_fresh_learner():
     """LearnerWorker.restore without a checkpoint: back to the initial weights in place (the
     ZeRO-3 parameters are partitioned: no load_state_dict), fresh AdamW and schedule."""
     cfg = LearnerSection(backend="deepspeed", zero_stage=3, lr=1e-3, micro_batch=2,
-                         schedule="linear")
+                         schedule="linear", mini_batch_size=0)
     model = tiny_causal_lm(seed=2)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     batch = synthetic_trajectories(tiny_causal_lm(seed=2), n=5, seed=3)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from compassplay.config import RewardSection, load_config
+from compassplay.config import RewardSection, RunConfig, load_config
 from compassplay.envs.code import CodeEnvironment
 from compassplay.models import load_model
 from compassplay.records import Attempt, Generation, Task
@@ -176,6 +176,76 @@ def test_eligible_proposals_are_labelled_for_normalize_eligible(setup, normalize
     labelled = {t.task_id for t in trajs if t.subgroup}
     assert all(t.role == "proposer" for t in trajs if t.subgroup)
     assert labelled == ({"p0", "p2"} if normalize == "eligible" else set())
+
+
+def test_buffer_training_leaves_the_estimating_attempts_out(setup):
+    """solver.train_on=buffer (AZR's code): the attempts that estimate s(x) are not trained
+    on; the buffer tasks' attempts (seed_task_samples each) are."""
+    cfg, env, tasks, attempts, verdicts, cands, alignment = setup
+    buffer = [t.model_copy(update={"task_id": f"b{i}", "source": "seed"})
+              for i, t in enumerate(tasks[:2])]
+    run = load_config(None, ["task.types=[deduction]"])
+    assert (run.solver.train_on, run.solver.seed_task_samples) == ("buffer", 1)
+    ids = {t.task_id for t in buffer}
+    assert stages.samples_per_task(run, tasks[:3] + buffer, ids) == [run.solver.n_samples] * 3 \
+        + [1, 1]
+    old = load_config(None, ["solver.seed_task_samples=0", "solver.n_samples=5"])
+    assert stages.samples_per_task(old, buffer, ids) == [5, 5]  # 0 = n_samples
+    gen = Generation(prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], text="x")
+    extra = [env.parse_attempt(b, env.gold_answer_text(b), 0).model_copy(
+        update={"generation": gen}) for b in buffer]
+    extra_verdicts = stages.grade(env, buffer, extra)
+    scores = stages.assign_rewards(RewardSection(kind="cosine"), tasks, rates_of(
+        tasks, verdicts), cands, alignment)
+    everything = stages.make_trajectories(env, tasks + buffer, attempts + extra,
+                                          verdicts + extra_verdicts, scores)
+    separate = stages.make_trajectories(env, tasks + buffer, attempts + extra,
+                                        verdicts + extra_verdicts, scores, train_ids=ids)
+    assert len(everything) == len(attempts) + 2  # these proposals carry no generation
+    assert [t.task_id for t in separate] == ["b0", "b1"]
+    assert all(t.role == "solver" and t.reward == 1.0 for t in separate)
+
+
+class _EchoEngine:
+    """Answers every prompt with a wrong output block (records how many it was asked)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def generate(self, prompts, params):
+        self.asked += len(prompts)
+        return [Generation(prompt_ids=list(p), completion_ids=[2], logprobs=[-1.0], text=WRONG)
+                for p in prompts]
+
+
+def test_solve_attempts_buffer_tasks_seed_task_samples_times(setup):
+    _, env, tasks, _, _, _, _ = setup
+    cfg = load_config(None, ["task.types=[deduction]", "solver.n_samples=3",
+                             "solver.seed_task_samples=1"])
+    _, tok = load_model(cfg.model, seed=0)
+    engine = _EchoEngine()
+    atts = stages.solve(env, engine, tok, cfg, tasks[:3], 0, {tasks[2].task_id})
+    assert engine.asked == 7
+    assert [(a.task_id, a.index) for a in atts] == [
+        ("p0", 0), ("p0", 1), ("p0", 2), ("p1", 0), ("p1", 1), ("p1", 2), ("p2", 0)]
+
+
+def test_the_7b_config_follows_azrs_training_batch():
+    cfg = load_config("paper_coding_7b")
+    s = cfg.solver
+    assert (s.train_on, s.seed_tasks_per_step, s.seed_task_samples, s.n_samples) == (
+        "buffer", 192, 1, 8)
+    assert cfg.learner.mini_batch_size == 128 and cfg.task.induction_inputs == 10
+    assert cfg.task.seed_file.split(",") == ["azr_7b_coder_seed_io.jsonl",
+                                             "azr_7b_coder_code_f_seed_io.jsonl"]
+    # Lean follows SGS's loop: every attempt at the targets trains the solver, n each
+    lean = RunConfig.model_validate({"task": {"domain": "lean"}})
+    assert (lean.solver.train_on, lean.solver.seed_task_samples) == ("all", 0)
+    # the CPU configs keep the earlier choices (a handful of buffer tasks per step)
+    for name in ("default", "micro", "micro_warm"):
+        c = load_config(name)
+        assert (c.solver.train_on, c.solver.seed_task_samples, c.task.induction_inputs) == (
+            "all", 0, 6)
 
 
 def _scored(setup, overrides, num_shards=1):

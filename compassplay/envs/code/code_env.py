@@ -6,7 +6,7 @@ Task types (AZR's definitions):
 - abduction: same proposal; the solver is shown the program and output and must give any
   input that produces the output (checked by running `f`).
 - induction: a program is sampled from the buffer (any type); the proposer writes
-  `induction_inputs` inputs and a message for it; outputs come from running the program. The
+  `task.induction_inputs` inputs and a message for it; outputs come from running the program. The
   first half of the pairs (rounded up) is shown with the message, the rest is hidden and the
   solver's program must reproduce it (representation: see `pairs`).
 
@@ -54,13 +54,13 @@ class CodeEnvironment(Environment):
     """Prompts, parsing, validation, grading and rewards for the coding task types."""
 
     def __init__(self, cfg: TaskSection, runner: CodeRunner, seed: int = 0,
-                 num_references: int = 2, induction_inputs: int = 6,
-                 buffer_strategy: Strategy = "uniform", heldout: int = 0) -> None:
+                 num_references: int = 2, buffer_strategy: Strategy = "uniform",
+                 heldout: int = 0) -> None:
         self.cfg = cfg
         self.runner = runner
         self.rng = random.Random(seed)
         self.num_references = num_references
-        self.induction_inputs = induction_inputs
+        self.induction_inputs = cfg.induction_inputs
         self.banned = list(cfg.banned_modules)
         self.counters: Counter = Counter()
         self.buffer = TaskBuffer(capacity=cfg.buffer_size, strategy=buffer_strategy)
