@@ -55,7 +55,8 @@ class Task(Record):
     the novelty text (`Environment.novelty_text`) of every reference it was shown, filled at
     proposal time (novelty compares with the closest of them);
     `seed_statement`/`seed_solution` are the local reference's source: the Lean seed's
-    statement and verified proof; for code, the first shown seed's solver prompt and gold answer.
+    statement and verified proof; for code, the solver prompt and gold answer of the shown seed
+    `reward.local_reference_seed` picks.
     """
 
     task_id: str
@@ -218,7 +219,10 @@ class Trajectory(Record):
     """One sampled completion with its scalar reward, as the learner consumes it.
 
     Advantages are normalized within each (task_type, role) group of a batch (task-relative
-    REINFORCE++); `reward` is the raw scalar (proposer reward or solver reward).
+    REINFORCE++); `reward` is the raw scalar (proposer reward or solver reward). Members of a
+    group that share a non-empty `subgroup` have their deviations from their own mean
+    standardized among themselves (`engines.advantages`; reward.normalize=eligible labels the
+    eligible proposals "eligible").
     """
 
     generation: Generation
@@ -226,3 +230,4 @@ class Trajectory(Record):
     role: Role
     task_type: TaskType
     task_id: str = ""
+    subgroup: str = ""

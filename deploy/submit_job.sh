@@ -12,6 +12,7 @@
 #   NO_WAIT=1    return after submission instead of tailing the logs
 #                (then: ray job logs -f JOB_ID / ray job status JOB_ID / ray job stop JOB_ID)
 #   RAY_BIN      the `ray` executable (default: ray on PATH)
+#   COMPASSPLAY_DATA_DIR  data folder on the cluster's nodes (the 7B configs' AZR seed sets)
 #   extra args   dotted overrides passed to `compassplay run`, e.g. pipeline.steps=10
 #                run.output_dir=/mnt/runs (use shared storage on multi-node clusters)
 #
@@ -33,8 +34,14 @@ if [[ ! -f "$CONFIG" && ! -f "compassplay/configs/$CONFIG.yaml" ]]; then
   exit 2
 fi
 
+# COMPASSPLAY_DATA_DIR (a folder every node sees, e.g. the AZR seed sets the 7B configs name)
+# is passed to the job's actors when set here
+DATA_ENV=""
+if [[ -n "${COMPASSPLAY_DATA_DIR:-}" ]]; then
+  DATA_ENV=", \"COMPASSPLAY_DATA_DIR\": \"${COMPASSPLAY_DATA_DIR}\""
+fi
 RUNTIME_ENV='{"excludes": [".venv", "runs", ".git", ".pytest_cache", ".ruff_cache"],
-  "env_vars": {"PYTHONUNBUFFERED": "1"}}'
+  "env_vars": {"PYTHONUNBUFFERED": "1"'"${DATA_ENV}"'}}'
 
 flags=()
 if [[ "${NO_WAIT:-0}" == "1" ]]; then

@@ -107,10 +107,21 @@ class ProposerSection(SamplingSection):
 
 
 class SolverSection(SamplingSection):
-    n_samples: int = Field(4, ge=1, description="attempts per task; s(x) = correct / n")
+    n_samples: int = Field(4, ge=1, description="attempts per proposed task; s(x) = correct "
+                           "/ n")
     seed_tasks_per_step: int = Field(2, ge=0, description="buffer tasks solved each step "
-                                     "(coding; a lean run attempts "
-                                     "task.lean.targets_per_iteration unsolved targets)")
+                                     "(coding: task types drawn uniformly; AZR: 64 per task type; a lean "
+                                     "run attempts task.lean.targets_per_iteration unsolved "
+                                     "targets)")
+    train_on: Literal["buffer", "all"] = Field(
+        "buffer", description="the attempts the solver trains on. buffer = AZR's code: the "
+        "n_samples attempts at proposed tasks only estimate s(x) (and give the verified "
+        "solution); the solver trains on its seed_task_samples attempts at each of the "
+        "seed_tasks_per_step buffer tasks; all = on every attempt, the estimating ones too "
+        "(this project's choice before 2026-12-01: in the 7B config ~1,700 solver against "
+        "192 proposer sequences per step)")
+    seed_task_samples: int = Field(1, ge=0, description="attempts at each buffer task; 0 = "
+                                   "n_samples. AZR's code: 1 (rollout.n)")
 
 
 class ScorerSection(Section):
@@ -169,6 +180,13 @@ class LearnerSection(Section):
                                          "block's activations in the backward pass instead of "
                                          "keeping them (about a third more compute; the "
                                          "activations of a pass shrink to the blocks' inputs)")
+    mini_batch_size: int = Field(128, ge=0, description="trajectories per optimizer step: "
+                                 "a step's batch (shuffled by a seed of its weight version) "
+                                 "is split into mini-batches of this many, one optimizer step "
+                                 "each, one pass over the batch (advantages from the whole "
+                                 "batch, PPO ratios against the sampling policy); 0 = one "
+                                 "optimizer step per batch. AZR's 7B script: 128 "
+                                 "(ppo_mini_batch_size, ppo_epochs 1: 384 sequences, 3 steps)")
     checkpoint_every: int = Field(1, ge=1, description="write a checkpoint every k steps "
                                   "(and after the last step)")
     keep_last: int = Field(2, ge=1, description="checkpoints of the run kept on disk (older "
@@ -197,6 +215,10 @@ class LearnerSection(Section):
         if self.offload_params and self.zero_stage != 3:
             raise ValueError(f"learner.offload_params needs learner.zero_stage=3 (got "
                              f"{self.zero_stage})")
+        if self.mini_batch_size and self.schedule != "constant":
+            raise ValueError(f"learner.schedule={self.schedule} decays over pipeline.steps "
+                             "optimizer steps; with learner.mini_batch_size > 0 a step takes "
+                             "several: use schedule=constant or mini_batch_size=0")
         return self
 
 

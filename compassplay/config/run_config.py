@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field, model_validator
 
 from compassplay.config.infra import (
@@ -70,6 +72,18 @@ class RunConfig(Section):
     cluster: ClusterSection = Field(
         default_factory=ClusterSection,
         description="Ray address, per-role actor resources and placement")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lean_solver_trains_on_all(cls, data: Any) -> Any:
+        """Lean (SGS's loop, not AZR's): the solver keeps training on every attempt at the
+        targets, n_samples each, unless the config says otherwise."""
+        if not isinstance(data, dict) or (data.get("task") or {}).get("domain") != "lean":
+            return data
+        solver = data.get("solver") or {}
+        if isinstance(solver, dict):
+            data = {**data, "solver": {"train_on": "all", "seed_task_samples": 0, **solver}}
+        return data
 
     @model_validator(mode="after")
     def _weight_sync_fits_engines(self) -> RunConfig:

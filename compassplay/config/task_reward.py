@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from compassplay.config.section import Section
+from compassplay.rewards.functions import AZR_CODE_OUTSIDE_REWARD
 
 
 class LeanTaskSection(Section):
@@ -63,8 +64,15 @@ class TaskSection(Section):
     types: list[Literal["deduction", "abduction", "induction", "lean_prove"]] = Field(
         default_factory=lambda: ["deduction"], description="task types proposed each step "
         "(lean: exactly [lean_prove], the default when task.domain=lean)")
-    seed_file: str = Field("", description="AZR-style seed jsonl; '' = the shipped seed set, "
-                           "'simple' = the shipped short programs (small models)")
+    seed_file: str = Field("", description="AZR-style seed jsonl, or several separated by "
+                           "commas, each a path or a file name in $COMPASSPLAY_DATA_DIR; '' = "
+                           "the shipped seed set (35 programs), 'simple' = the shipped short "
+                           "programs (small models). AZR's 7B runs start from its own 256 io + "
+                           "256 induction seeds: azr_7b_coder_seed_io.jsonl,"
+                           "azr_7b_coder_code_f_seed_io.jsonl (the 7B configs)")
+    induction_inputs: int = Field(10, ge=2, description="inputs an induction proposal writes "
+                                  "for its program (half shown, half hidden). AZR's code: 10 "
+                                  "(CodeIORewardManager num_inputs); the CPU configs: 6")
     buffer_size: int = Field(4096, ge=1, description="tasks the task buffer holds (seeds and "
                              "valid proposals; the oldest leave first)")
     answer_format: Literal["fenced", "think_answer"] = Field(
@@ -113,14 +121,55 @@ class TaskSection(Section):
 
 
 class RewardSection(Section):
+    @model_validator(mode="before")
+    @classmethod
+    def _legacy_azr_compat(cls, data: Any) -> Any:
+        """A config written before `ineligible_reward`/`invalid_penalty` (it has `azr_compat`)
+        keeps its rewards: ill-posed = format_penalty / 2, outside the band 0 (-0.5 for
+        difficulty with azr_compat)."""
+        if not isinstance(data, dict) or "azr_compat" not in data:
+            return data
+        data = dict(data)
+        compat = bool(data.pop("azr_compat"))
+        outside = AZR_CODE_OUTSIDE_REWARD if compat and data.get("kind") == "difficulty" else 0.0
+        data.setdefault("ineligible_reward", outside)
+        data.setdefault("invalid_penalty", float(data.get("format_penalty", -1.0)) / 2)
+        return data
+
     kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar"] = Field(
         "difficulty", description="proposer reward: difficulty = AZR learnability 1 - s for "
         "0 < s < 1; cosine / inner = cosine / eta x inner product of the task's solution "
         "gradient with the reference gradient; novelty = token-Jaccard distance to its seed; "
         "cos_novelty = cosine x novelty; soar = held-out gain of a solver copy trained on it")
     eta: float = Field(1.0, gt=0.0, description="step size multiplying the inner product")
-    azr_compat: bool = Field(False, description="difficulty gives -0.5 when s in {0,1}")
-    format_penalty: float = Field(-1.0, le=0.0, description="reward of ill-formed proposals")
+    format_penalty: float = Field(-1.0, le=0.0, description="reward of a proposal that does "
+                                  "not parse (no well-formed task in it); AZR's code: -1")
+    invalid_penalty: float = Field(
+        -1.0, le=0.0, description="reward of a parsed proposal that fails validation (not "
+        "deterministic, banned import, raises, too few inputs, ...). -1 = AZR's released code "
+        "(a failed validity check zeroes its format score, and a zero format score is -1); "
+        "-0.5 = 'wrong but well-formatted' in AZR's paper (this project's choice before "
+        "2026-12-01)")
+    ineligible_reward: float = Field(
+        AZR_CODE_OUTSIDE_REWARD, le=0.0, description="reward of a valid proposal outside the "
+        "band, every kind: difficulty when s is 0 or 1; the other kinds when the task is not "
+        "an eligible candidate (s is 0 or 1, or no verified solution or local reference). The "
+        "CompassPlay paper is silent. -0.5 = AZR's released code: learnability 1 - s is 0 for "
+        "s in {0, 1} and a valid, well-formatted proposal with zero learnability gets -0.5 "
+        "(checked on public mirrors of absolute_zero_reasoner/rewards/reward_managers.py, "
+        "CodeIORewardManager.__call__; AZR's own repository was not readable here); 0 = AZR's "
+        "paper equation (r = 0 when s is 0 or 1; this project's choice before 2026-12-01)")
+    normalize: Literal["all", "eligible"] = Field(
+        "all", description="how proposer rewards become advantages, per task type. all = "
+        "AZR's Task-Relative REINFORCE++ (one z-score per task type and role over all "
+        "proposals): the penalties and the ineligible reward set the scale, so the cosine's "
+        "spread among eligible candidates (s.d. 0.02) carries 0.1% of the proposer's advantage "
+        "variance (0.5% with the earlier -0.5 / 0 rewards); eligible = the same class contrasts "
+        "plus the eligible candidates' deviations from their mean standardized among themselves "
+        "(unit s.d., engines/advantages.py): 23%. Measured on recorded cosine-arm proposals "
+        "resampled to 64 per task type (docs/measurements/normalisation-2026-12-01). The paper "
+        "is silent (its Lean copies at reward 0 'pushed down' need the comparison with the "
+        "other eligible candidates to count)")
     novelty_tokenizer: Literal["model", "regex"] = Field(
         "model", description="tokens of the novelty Jaccard: model = the policy's tokenizer; "
         "regex = words and single punctuation characters")
@@ -150,6 +199,12 @@ class RewardSection(Section):
         "global", description="gradient kinds' reference: global = the reference set "
         "(`reference.path`); local = per candidate, the solver's verified solution of the seed "
         "it was written from (environments that provide one, e.g. lean)")
+    local_reference_seed: Literal["closest", "first"] = Field(
+        "closest", description="reference=local with several shown seeds (coding deduction/"
+        "abduction shows proposer.num_references): the seed whose solution is the candidate's "
+        "reference. closest = the one novelty compares it with (largest token Jaccard on the "
+        "reward.novelty_tokenizer tokens); first = the first shown (this project's choice "
+        "before 2026-12-01). The paper's local reference (Lean) has one seed; AZR has none")
 
 
 class ReferenceSection(Section):

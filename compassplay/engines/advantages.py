@@ -3,6 +3,13 @@
 Each trajectory's advantage is its reward normalized within its (task_type, role) group of the
 batch: ``(r - mean_g) / std_g`` with the population std (ddof 0). A group whose std is below
 `eps` (a singleton, or all rewards equal) gets advantage 0 for all its members, never NaN.
+
+Optionally members of a group carry a subgroup label (reward.normalize=eligible: the eligible
+proposals). A labelled subgroup S keeps its mean contrast with the group and has its own
+spread standardized: ``(mean_S - mean_g) / std_g + (r - mean_S) / std_S``. So the cosine's
+differences among eligible candidates get unit scale instead of the scale the format
+penalties set for the whole group; a subgroup of one member, or one whose std is below `eps`,
+keeps the plain group advantage.
 """
 
 from __future__ import annotations
@@ -16,29 +23,49 @@ import torch
 from compassplay.records import Trajectory
 
 
+def _mean_std(vals: list[float]) -> tuple[float, float]:
+    mean = sum(vals) / len(vals)
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+
+
 def group_normalized(rewards: Sequence[float], groups: Sequence[Hashable],
-                     eps: float = 1e-6) -> list[float]:
-    """Per-element advantage: reward normalized by the mean/std of its group."""
+                     eps: float = 1e-6, subgroups: Sequence[str] | None = None) -> list[float]:
+    """Per-element advantage: reward normalized by the mean/std of its group; elements with
+    the same non-empty `subgroups` label in a group are standardized among themselves around
+    their subgroup's group-normalized mean (module docstring)."""
     if len(rewards) != len(groups):
         raise ValueError(f"{len(rewards)} rewards but {len(groups)} group keys")
+    labels = list(subgroups) if subgroups is not None else [""] * len(rewards)
+    if len(labels) != len(rewards):
+        raise ValueError(f"{len(rewards)} rewards but {len(labels)} subgroup labels")
     members: dict[Hashable, list[int]] = defaultdict(list)
     for i, g in enumerate(groups):
         members[g].append(i)
     adv = [0.0] * len(rewards)
     for idx in members.values():
-        vals = [float(rewards[i]) for i in idx]
-        mean = sum(vals) / len(vals)
-        std = math.sqrt(sum((v - mean) ** 2 for v in vals) / len(vals))
+        mean, std = _mean_std([float(rewards[i]) for i in idx])
         if std < eps:
             continue
-        for i, v in zip(idx, vals, strict=True):
-            adv[i] = (v - mean) / std
+        for i in idx:
+            adv[i] = (float(rewards[i]) - mean) / std
+        inner: dict[str, list[int]] = defaultdict(list)
+        for i in idx:
+            if labels[i]:
+                inner[labels[i]].append(i)
+        for sub in inner.values():
+            sub_mean, sub_std = _mean_std([float(rewards[i]) for i in sub])
+            if len(sub) < 2 or sub_std < eps:
+                continue
+            for i in sub:
+                adv[i] = (sub_mean - mean) / std + (float(rewards[i]) - sub_mean) / sub_std
     return adv
 
 
 def trajectory_advantages(trajs: Sequence[Trajectory], eps: float = 1e-6) -> list[float]:
-    """Task-relative REINFORCE++: normalize rewards within each (task_type, role) group."""
-    return group_normalized([t.reward for t in trajs], [(t.task_type, t.role) for t in trajs], eps)
+    """Task-relative REINFORCE++: normalize rewards within each (task_type, role) group, and
+    each labelled subgroup's spread among itself."""
+    return group_normalized([t.reward for t in trajs], [(t.task_type, t.role) for t in trajs],
+                            eps, [t.subgroup for t in trajs])
 
 
 def broadcast_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,10 @@
 One `step(trajectories)` = task-relative REINFORCE++ advantages (`advantages.py`), teacher-
 forced log-probs at temperature 1 (`logprobs.py`), the clipped PPO token-mean loss
 (`policy_loss.py`) accumulated over micro-batches of `micro_batch` trajectories, then one
-optimizer step per model (gradient clipping + LR schedule) and `weight_version += 1`.
+optimizer step per model (gradient clipping + LR schedule) per mini-batch of
+`mini_batch_size` trajectories (`mini_batches`: AZR takes several per batch; 0 = one), and
+`weight_version += 1` per batch. Advantages come from the whole batch; each mini-batch's loss
+is its own token mean.
 
 Models: with a shared model ("policy") both roles update it; with separate models the
 proposer trajectories update "proposer" and the solver trajectories update "solver", each with
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -164,18 +168,24 @@ class PolicyLearner(Learner):
         if not trajectories:
             raise ValueError("learner.step needs at least one trajectory")
         adv = trajectory_advantages(trajectories)
-        by_slot: dict[str, list[int]] = {}
-        for i, t in enumerate(trajectories):
-            by_slot.setdefault(self.slot_for(t.role), []).append(i)
         stats: dict[str, dict[str, float]] = {}
-        for name in sorted(by_slot):
-            stats[name] = self._train_slot(self.slots[name], by_slot[name], trajectories, adv)
+        norms: list[float] = []
+        for batch in mini_batches(len(trajectories), self.cfg.mini_batch_size, self._version):
+            by_slot: dict[str, list[int]] = {}
+            for i in batch:
+                by_slot.setdefault(self.slot_for(trajectories[i].role), []).append(i)
+            sq = 0.0
+            for name in sorted(by_slot):
+                got = self._train_slot(self.slots[name], by_slot[name], trajectories, adv)
+                sq += got["grad_norm"] ** 2
+                stats[name] = _add_stats(stats.get(name), got)
+            norms.append(math.sqrt(sq))
         self._version += 1
         n_tok = sum(s["n_tokens"] for s in stats.values())
         per_tok = max(n_tok, 1.0)
         return LearnerStats(
             loss=sum(s["loss"] * s["n_tokens"] for s in stats.values()) / per_tok,
-            grad_norm=math.sqrt(sum(s["grad_norm"] ** 2 for s in stats.values())),
+            grad_norm=sum(norms) / len(norms),
             lr=stats[sorted(stats)[0]]["lr"],
             clip_frac=sum(s["clipped"] for s in stats.values()) / per_tok,
             kl=sum(s["kl_sum"] for s in stats.values()) / per_tok,
@@ -270,6 +280,31 @@ class PolicyLearner(Learner):
         for name, slot in self.slots.items():
             slot.load(path / "proposer" if name == "proposer" else path, weights[name])
         self._version = int(meta["weight_version"])
+
+
+def mini_batches(n: int, size: int, seed: int) -> list[list[int]]:
+    """Indices 0..n-1 in optimizer-step mini-batches of `size` (0 = one batch, in order): a
+    permutation seeded by `seed` (the weight version: every rank draws the same), cut into
+    near-equal contiguous parts of at most `size` each."""
+    if not size or n <= size:
+        return [list(range(n))]
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    parts = -(-n // size)
+    return [order[(n * k) // parts:(n * (k + 1)) // parts] for k in range(parts)]
+
+
+def _add_stats(acc: dict[str, float] | None, new: dict[str, float]) -> dict[str, float]:
+    """One model's stats summed over its mini-batches (loss token-weighted, the LR of the
+    first, the grad norm of the last: `step` reports the mean over optimizer steps)."""
+    if acc is None:
+        return dict(new)
+    tok = acc["n_tokens"] + new["n_tokens"]
+    out = {k: acc[k] + new[k] for k in ("clipped", "kl_sum", "entropy_sum",
+                                        "entropy_tokens", "n_tokens")}
+    out["loss"] = (acc["loss"] * acc["n_tokens"] + new["loss"] * new["n_tokens"]) / max(tok, 1.0)
+    out["lr"], out["grad_norm"] = acc["lr"], new["grad_norm"]
+    return out
 
 
 PROPOSER_MODEL = "proposer_model"

@@ -15,6 +15,7 @@ from typing import Any
 
 from compassplay.engines.base import Segment
 from compassplay.records import Attempt, Score, Task, Verdict
+from compassplay.rewards.functions import Tokenize, regex_tokenize
 
 
 class Environment(ABC):
@@ -84,6 +85,12 @@ class Environment(ABC):
         in the form `novelty_text` gives a proposal of that type; [] = use `novelty_pair`."""
         return []
 
+    def seed_reference(self, task_type: str, seed_id: str) -> dict[str, str]:
+        """The local-reference fields (`seed_statement`, `seed_solution`) a `task_type`
+        proposal gets from shown seed `seed_id`; {} when there is none (the default: the
+        environment sets them when it parses the proposal)."""
+        return {}
+
     def local_reference(self, task: Task) -> tuple[str, str] | None:
         """(solver prompt text, verified solution text) of the seed `task` was written from,
         whose loss gradient is the task's local reference (reward.reference=local); None when
@@ -109,9 +116,10 @@ class Environment(ABC):
         targets become seeds). Returns step metrics such as {'coverage': ...}; default {}."""
         return {}
 
-    def step_metrics(self, tasks: list[Task], rates: dict[str, float],
-                     scores: list[Score]) -> dict[str, float]:
-        """Domain metrics of one step for `StepStats` (Lean: copy_rate, rename_rate); {}."""
+    def step_metrics(self, tasks: list[Task], rates: dict[str, float], scores: list[Score],
+                     tokenize: Tokenize = regex_tokenize) -> dict[str, float]:
+        """Domain metrics of one step for `StepStats` (copy_rate, rename_rate; copies on the
+        tokens `tokenize` gives, the run's novelty tokens); default {}."""
         return {}
 
     @abstractmethod

@@ -112,13 +112,14 @@ def table(arms: dict[str, list[Run]], bs: list[str], baseline: str | None,
 
 
 def _runs_section(arms: dict[str, list[Run]]) -> list[str]:
-    lines = ["## Runs", "", "| Arm | Run | Seed | Reward | Last step | Evals | Cost logged |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["## Runs", "", "| Arm | Run | Seed | Reward | Normalisation and rewards outside "
+             "the band | Last step | Evals | Cost logged |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for arm, runs in arms.items():
         for r in runs:
             n_evals = sum(len(v) for v in r.evals.values())
-            lines.append(f"| {arm} | {r.path} | {r.seed} | {r.reward_kind} | {r.final_step} | "
-                         f"{n_evals} | {'yes' if r.cost else 'no'} |")
+            lines.append(f"| {arm} | {r.path} | {r.seed} | {r.reward_kind} | {r.reward_rules} | "
+                         f"{r.final_step} | {n_evals} | {'yes' if r.cost else 'no'} |")
     return lines + [""]
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from compassplay.config import RewardSection
 from compassplay.eval.eval_records import COST_FIELD, COST_KIND, EVAL_KIND, STEP_KIND, line_kind
 
 SEED_SUFFIX = re.compile(r"([-_.](seed[-_]?|s)|seed)\d+$")
@@ -37,6 +38,7 @@ class Run:
     name: str
     reward_kind: str
     seed: int | None
+    reward_rules: str = "?"
     steps: list[dict] = field(default_factory=list)
     evals: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     cost: dict[int, float] = field(default_factory=dict)
@@ -71,6 +73,20 @@ def _eligible(row: dict) -> bool:
     return bool(row.get("valid")) and s is not None and 0.0 < s < 1.0
 
 
+def reward_rules(reward_cfg: dict) -> str:
+    """How a run's proposer rewards were set outside the eligible reward and turned into
+    advantages (reward.normalize; unparsed / ill-posed / ineligible rewards), from its
+    config.yaml `reward` section (older configs read as they ran); '?' when unreadable."""
+    if not reward_cfg:
+        return "?"
+    try:
+        r = RewardSection.model_validate(reward_cfg)
+    except ValueError:
+        return "?"
+    return (f"normalize={r.normalize}; unparsed {r.format_penalty:g}, ill-posed "
+            f"{r.invalid_penalty:g}, ineligible {r.ineligible_reward:g}")
+
+
 def load_run(path: str | Path) -> Run:
     path = Path(path)
     metrics = path / "metrics.jsonl"
@@ -82,7 +98,7 @@ def load_run(path: str | Path) -> Run:
     run_cfg, reward_cfg = cfg.get("run") or {}, cfg.get("reward") or {}
     run = Run(path=path, name=str(run_cfg.get("name") or path.name),
               reward_kind=str(reward_cfg.get("kind", "?")),
-              seed=run_cfg.get("seed"))
+              seed=run_cfg.get("seed"), reward_rules=reward_rules(reward_cfg))
     evals: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for line in metrics.read_text().splitlines():
         if not line.strip():

@@ -276,7 +276,7 @@ def build_warm_micro(out_dir: Path, steps: int = DEFAULT_STEPS, seed: int = 0,
     torch.set_num_threads(1)
     try:
         model, tok = load_tiny(WARM_MICRO_CONFIG, seed)
-        task_cfg = TaskSection(types=["deduction", "abduction", "induction"])
+        task_cfg = TaskSection(types=["deduction", "abduction", "induction"], induction_inputs=6)
         with make_sandbox(VerifierSection(workers=2, timeout_s=2.0,
                                           isolation=isolation)).start() as runner:
             env = CodeEnvironment(task_cfg, runner, seed=seed, num_references=1)

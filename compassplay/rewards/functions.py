@@ -17,8 +17,12 @@ REWARD_KINDS: tuple[str, ...] = ("difficulty", "cosine", "inner", "cos_novelty",
 #: Default regex tokenizer: runs of word characters, or single non-space punctuation characters.
 DEFAULT_TOKEN_PATTERN = r"\w+|[^\w\s]"
 
-#: Reward AZR's released code gives a well-formed proposal the solver always/never solves.
-AZR_EXTREME_REWARD = -0.5
+#: Text -> the tokens a Jaccard compares (model token ids, or `regex_tokenize`'s strings).
+Tokenize = Callable[[str], Sequence[Hashable]]
+
+#: What AZR's released code gives a valid, well-formatted proposal the solver always or never
+#: solves: its learnability is 0 there, and a proposal with zero learnability gets -0.5.
+AZR_CODE_OUTSIDE_REWARD = -0.5
 
 
 def _check_rate(solve_rate: float) -> float:
@@ -28,15 +32,13 @@ def _check_rate(solve_rate: float) -> float:
     return s
 
 
-def difficulty(solve_rate: float, *, azr_compat: bool = False) -> float:
-    """AZR learnability reward: `1 - s` if `0 < s < 1`, else 0.
-
-    With `azr_compat=True` reproduces AZR's released code: `-0.5` when `s` is exactly 0 or 1.
-    """
+def difficulty(solve_rate: float, *, outside: float = 0.0) -> float:
+    """AZR learnability reward: `1 - s` if `0 < s < 1`, else `outside` (0 in AZR's paper
+    equation, `AZR_CODE_OUTSIDE_REWARD` in its released code)."""
     s = _check_rate(solve_rate)
     if 0.0 < s < 1.0:
         return 1.0 - s
-    return AZR_EXTREME_REWARD if azr_compat else 0.0
+    return float(outside)
 
 
 def cosine_reward(cosine: float) -> float:
@@ -73,6 +75,17 @@ def token_jaccard(a: Iterable[Hashable], b: Iterable[Hashable]) -> float:
     if not sa and not sb:
         return 1.0
     return len(sa & sb) / len(sa | sb)
+
+
+def closest_index(tokens: Sequence[Hashable], references: Sequence[Sequence[Hashable]]) -> int:
+    """Index of the reference with the largest token Jaccard to `tokens` (the first on ties);
+    -1 when there are no references."""
+    best, best_j = -1, -1.0
+    for i, ref in enumerate(references):
+        j = token_jaccard(tokens, ref)
+        if j > best_j:
+            best, best_j = i, j
+    return best
 
 
 def novelty(candidate_tokens: Sequence[Hashable], seed_tokens: Sequence[Hashable]) -> float:
@@ -130,20 +143,19 @@ def proposer_reward(
     inner: float | None = None,
     novelty_value: float | None = None,
     eta: float = 1.0,
-    azr_compat: bool = False,
     ineligible_reward: float = 0.0,
     penalty: float = -1.0,
 ) -> float:
     """Combine the rules: format penalty first, then eligibility, then the chosen reward `kind`.
 
-    `eligible` defaults to `is_eligible(solve_rate)`. `difficulty` ignores eligibility (it has
-    its own rule for s in {0, 1}); the other kinds give `ineligible_reward` to ineligible tasks.
+    `eligible` defaults to `is_eligible(solve_rate)`. `difficulty` ignores eligibility and gives
+    `ineligible_reward` outside 0 < s < 1; the other kinds give it to ineligible tasks.
     """
     pen = format_penalty(well_formed, penalty)
     if pen is not None:
         return pen
     if kind == "difficulty":
-        return difficulty(solve_rate, azr_compat=azr_compat)
+        return difficulty(solve_rate, outside=ineligible_reward)
     if kind not in REWARD_KINDS:
         raise ValueError(f"unknown reward kind {kind!r}; expected one of {REWARD_KINDS}")
     ok = is_eligible(solve_rate) if eligible is None else eligible

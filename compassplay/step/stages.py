@@ -29,6 +29,7 @@ from compassplay.records import (
     Verdict,
 )
 from compassplay.rewards.functions import (
+    closest_index,
     is_eligible,
     proposer_reward,
     token_jaccard,
@@ -77,11 +78,28 @@ def propose(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfi
             task = task.model_copy(update={"valid": False,
                                            "invalid_reason": f"generation: {gen.error}"})
         seed = env.seed_of(seed_ids[0]) if seed_ids else None
-        tasks.append(task.model_copy(update={
+        shown = [(sid, text) for sid in seed_ids for text in env.reference_texts(task_type, [sid])]
+        task = task.model_copy(update={
             "proposal": gen, "seed_program": seed.program if seed else "",
-            "seed_texts": env.reference_texts(task_type, seed_ids)}))
+            "seed_texts": [text for _, text in shown]})
+        tasks.append(_local_reference_seed(env, tokenizer, cfg, task, shown))
     seed_tasks = env.sample_buffer(cfg.solver.seed_tasks_per_step, rng)
     return ProposalSet(tasks=tasks, seed_tasks=seed_tasks)
+
+
+def _local_reference_seed(env: Environment, tokenizer, cfg: RunConfig, task: Task,
+                          shown: list[tuple[str, str]]) -> Task:
+    """`reward.local_reference_seed=closest` (with a local reference and several shown seeds):
+    the task's local reference comes from the shown seed novelty compares it with (largest
+    token Jaccard on the novelty tokens); else it keeps the environment's (the first seed's)."""
+    r = cfg.reward
+    if (r.reference != "local" or r.local_reference_seed != "closest" or len(shown) < 2
+            or not task.seed_statement or task.invalid_reason):
+        return task
+    kind = r.novelty_tokenizer
+    mine = novelty_tokens(tokenizer, env.novelty_text(task), kind)
+    i = closest_index(mine, [novelty_tokens(tokenizer, text, kind) for _, text in shown])
+    return task.model_copy(update=env.seed_reference(task.task_type, shown[i][0]) or {})
 
 
 def _generate(engine: GenerationEngine, prompts: list[list[int]],
@@ -108,22 +126,30 @@ def validate(env: Environment, tasks: list[Task]) -> list[Task]:
     return [checked.get(t.task_id, t) for t in tasks]
 
 
+def samples_per_task(cfg: RunConfig, tasks: list[Task], seed_ids: set[str]) -> list[int]:
+    """Attempts per task: n_samples for proposed tasks (they estimate s(x)); for buffer tasks
+    (`seed_ids`) solver.seed_task_samples (0 = n_samples)."""
+    s = cfg.solver
+    seed_n = s.seed_task_samples or s.n_samples
+    return [seed_n if t.task_id in seed_ids else s.n_samples for t in tasks]
+
+
 def solve(env: Environment, engine: GenerationEngine, tokenizer, cfg: RunConfig,
-          tasks: list[Task], step: int) -> list[Attempt]:
-    """n_samples attempts per task (tasks must be valid), in task order then sample order."""
-    n = cfg.solver.n_samples
+          tasks: list[Task], step: int, seed_ids: set[str] | None = None) -> list[Attempt]:
+    """Attempts per task (`samples_per_task`; tasks must be valid), in task order then sample
+    order. `seed_ids`: which tasks are buffer tasks (None: none are)."""
+    counts = samples_per_task(cfg, tasks, seed_ids or set())
+    owner = [(i, k) for i, n in enumerate(counts) for k in range(n)]
     prefixes = [prefix_of(env, cfg, "solver", t.task_type) for t in tasks]
-    prompts = [prompt_ids(tokenizer, env.solver_prompt(t), p)
-               for t, p in zip(tasks, prefixes, strict=True) for _ in range(n)]
+    prompts = [prompt_ids(tokenizer, env.solver_prompt(tasks[i]), prefixes[i]) for i, _ in owner]
     if not prompts:
         return []
-    templates = [template_of(env, cfg, "solver", t.task_type) for t in tasks for _ in range(n)]
+    templates = [template_of(env, cfg, "solver", tasks[i].task_type) for i, _ in owner]
     gens = _generate(engine, prompts, templates, cfg.solver,
                      stage_seed(cfg.run.seed, step, "gen-s"))
     attempts = []
-    for k, gen in enumerate(gens):
-        task = tasks[k // n]
-        att = env.parse_attempt(task, prefixes[k // n] + gen.text, k % n)
+    for (i, k), gen in zip(owner, gens, strict=True):
+        att = env.parse_attempt(tasks[i], prefixes[i] + gen.text, k)
         attempts.append(att.model_copy(update={"generation": gen}))
     return attempts
 
@@ -178,7 +204,7 @@ def candidate_novelty(env: Environment, tokenizer, task: Task, kind: str) -> tup
     mine = novelty_tokens(tokenizer, env.novelty_text(task), kind)
     texts = task.seed_texts or [env.novelty_pair(task)[1]]
     refs = [novelty_tokens(tokenizer, t, kind) for t in texts]
-    return mine, max(refs, key=lambda r: token_jaccard(mine, r))
+    return mine, refs[closest_index(mine, refs)]
 
 
 def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float],
@@ -186,8 +212,8 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
                    utility: dict[str, float] | None = None) -> list[Score]:
     """One Score per proposed task.
 
-    Parse failures get `format_penalty`; parsed but ill-posed tasks get half of it (AZR's
-    -0.5 convention); well-posed tasks get the reward of `cfg.kind`, 0 when ineligible.
+    Parse failures get `format_penalty`, parsed but ill-posed tasks `invalid_penalty`;
+    well-posed tasks get the reward of `cfg.kind`, `ineligible_reward` outside the band.
     `alignment[task_id] = (cosine, inner, grad_norm)` for scored candidates; `utility` holds
     SOAR's measured utility per task for kind "soar"; `rates` is s(x) per solved task.
     """
@@ -203,15 +229,16 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
         if cand is not None:
             nov = 1.0 - token_jaccard(cand.novelty_tokens, cand.seed_tokens)
         parse_fail = task.invalid_reason.startswith("parse:")
-        penalty = cfg.format_penalty if parse_fail else cfg.format_penalty / 2
+        penalty = cfg.format_penalty if parse_fail else cfg.invalid_penalty
         if cfg.kind == "soar":
             reward = penalty if not task.valid else (
-                (utility or {}).get(task.task_id, 0.0) if cand is not None else 0.0)
+                (utility or {}).get(task.task_id, 0.0) if cand is not None
+                else cfg.ineligible_reward)
         else:
             reward = proposer_reward(
                 cfg.kind, solve_rate=s, well_formed=task.valid, eligible=cand is not None,
                 cosine=cos, inner=inner, novelty_value=nov, eta=cfg.eta,
-                azr_compat=cfg.azr_compat, penalty=penalty)
+                ineligible_reward=cfg.ineligible_reward, penalty=penalty)
         scores.append(Score(task_id=task.task_id, reward=reward, kind=cfg.kind,
                             eligible=cand is not None, solve_rate=s, cosine=cos, inner=inner,
                             grad_norm=norm, novelty=nov))
@@ -219,17 +246,27 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
 
 
 def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attempt],
-                      verdicts: list[Verdict], scores: list[Score]) -> list[Trajectory]:
-    """Proposer trajectories (one per proposal) and solver trajectories (one per attempt);
-    a generation the engine failed (`Generation.failed`: no tokens to train on) gives none."""
+                      verdicts: list[Verdict], scores: list[Score],
+                      normalize: str = "all", train_ids: set[str] | None = None
+                      ) -> list[Trajectory]:
+    """Proposer trajectories (one per proposal) and solver trajectories (one per attempt at a
+    task in `train_ids`; None: every attempt); a generation the engine failed
+    (`Generation.failed`: no tokens to train on) gives none. `normalize` (reward.normalize):
+    'eligible' labels eligible proposals so their rewards are standardized among themselves
+    (`engines.advantages`). solver.train_on=buffer passes the buffer tasks' ids: the attempts
+    that estimate s(x) are not trained on."""
     by_task = {t.task_id: t for t in tasks}
     out = []
     for sc in scores:
         task = by_task[sc.task_id]
         if task.proposal is not None and not task.proposal.failed:
+            sub = "eligible" if normalize == "eligible" and sc.eligible else ""
             out.append(Trajectory(generation=task.proposal, reward=sc.reward, role="proposer",
-                                  task_type=task.task_type, task_id=task.task_id))
+                                  task_type=task.task_type, task_id=task.task_id,
+                                  subgroup=sub))
     for att, ver in zip(attempts, verdicts, strict=True):
+        if train_ids is not None and att.task_id not in train_ids:
+            continue
         if att.generation is not None and not att.generation.failed:
             out.append(Trajectory(generation=att.generation, reward=env.solver_reward(att, ver),
                                   role="solver", task_type=by_task[att.task_id].task_type,

@@ -134,8 +134,9 @@ class SolverWorker(_GeneratorWorker):
     def solve(self, call: StageCall, weights: WeightsOffer,
               parts: list[Validated]) -> AttemptBatch:
         self.accept(weights)
+        merged = Validated.merge(parts)
         with timed(self.gpus) as t:
-            attempts = stages.solve(self.env, self.engine, self.tok, self.cfg,
-                                    Validated.merge(parts).solved, call.step)
+            attempts = stages.solve(self.env, self.engine, self.tok, self.cfg, merged.solved,
+                                    call.step, {s.task_id for s in merged.seed_tasks})
         self.after_generation()
         return AttemptBatch(attempts, t)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -25,6 +26,7 @@ from compassplay.step.messages import (
     StepResult,
     Validated,
 )
+from compassplay.step.prompting import novelty_tokens
 from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync.channel import NcclChannel, open_channel
@@ -176,8 +178,11 @@ class LearnerWorker:
         cands, alignment = merge_shards(shards, param_shard)
         scores = stages.assign_rewards(self.cfg.reward, batch.tasks, graded.rates, cands,
                                        alignment, merge_utility(shards))
+        train = ({t.task_id for t in props.seed_tasks}
+                 if self.cfg.solver.train_on == "buffer" else None)
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
-                                         attempts.attempts, graded.verdicts, scores)
+                                         attempts.attempts, graded.verdicts, scores,
+                                         self.cfg.reward.normalize, train)
         with timed(self.gpus) as learn_timing:
             lstats = self.learner.step(trajs)
         lstats.weight_version = self.weight_version
@@ -187,7 +192,9 @@ class LearnerWorker:
         cost = step_cost(timings, ROLE_OF, self.cumulative_device_seconds)
         cost.update(merge_soar(shards))
         self.cumulative_device_seconds = cost["cumulative_device_seconds"]
-        domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores), **(recorded or {})}
+        tokenize = partial(novelty_tokens, self.tok, kind=self.cfg.reward.novelty_tokenizer)
+        domain = {**self.env.step_metrics(batch.tasks, graded.rates, scores, tokenize),
+                  **(recorded or {})}
         stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,
                                  graded.verdicts, scores, lstats, cost, domain or None)
         if self.reference is not None:

@@ -24,7 +24,7 @@ def learner_cfg(stage: int):
     from compassplay.config import LearnerSection
 
     return LearnerSection(backend="deepspeed", zero_stage=stage, lr=LR, micro_batch=2,
-                          max_grad_norm=0.5, schedule="linear")
+                          max_grad_norm=0.5, schedule="linear", mini_batch_size=0)
 
 
 def _rank_main(rank: int, world: int, port: int, plan: dict[str, Any], out: str) -> None:

@@ -13,7 +13,8 @@ pytest.importorskip("deepspeed")
 
 @pytest.mark.slow
 def test_deepspeed_zero2_matches_torch(tmp_path):
-    cfg = LearnerSection(lr=1e-3, micro_batch=2, max_grad_norm=0.5, schedule="linear")
+    cfg = LearnerSection(lr=1e-3, micro_batch=2, max_grad_norm=0.5, schedule="linear",
+                         mini_batch_size=0)
     results = {}
     for backend in ("torch", "deepspeed"):
         model = tiny_causal_lm(seed=2)
@@ -50,9 +51,32 @@ def test_zero3_reset_in_place_equals_a_fresh_learner():
     """LearnerWorker.restore without a checkpoint: back to the initial weights in place (the
     ZeRO-3 parameters are partitioned: no load_state_dict), fresh AdamW and schedule."""
     cfg = LearnerSection(backend="deepspeed", zero_stage=3, lr=1e-3, micro_batch=2,
-                         schedule="linear")
+                         schedule="linear", mini_batch_size=0)
     model = tiny_causal_lm(seed=2)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     batch = synthetic_trajectories(tiny_causal_lm(seed=2), n=5, seed=3)
     learner = make_learner(cfg, model, total_steps=4)
     assert_reset_replays_first_step(learner, batch, initial)
+
+
+@pytest.mark.slow
+def test_deepspeed_mini_batches_match_torch():
+    """learner.mini_batch_size: several optimizer steps per batch, the same on both backends."""
+    cfg = LearnerSection(lr=1e-3, micro_batch=2, max_grad_norm=0.5, mini_batch_size=2)
+    weights, stats = {}, {}
+    for backend in ("torch", "deepspeed"):
+        model = tiny_causal_lm(seed=2)
+        learner = make_learner(cfg.model_copy(update={"backend": backend, "zero_stage": 2}),
+                               model)
+        stats[backend] = learner.step(synthetic_trajectories(model, n=5, seed=0))
+        weights[backend] = learner.state_dict_for_sync()
+    assert stats["deepspeed"].loss == pytest.approx(stats["torch"].loss, rel=1e-5, abs=1e-7)
+    assert stats["deepspeed"].grad_norm == pytest.approx(stats["torch"].grad_norm, rel=1e-5)
+    one = make_learner(cfg.model_copy(update={"mini_batch_size": 0}), tiny_causal_lm(seed=2))
+    one.step(synthetic_trajectories(tiny_causal_lm(seed=2), n=5, seed=0))
+    for k in weights["torch"]:
+        torch.testing.assert_close(weights["deepspeed"][k], weights["torch"][k],
+                                   atol=1e-3 * cfg.lr, rtol=1e-5)
+    # 3 optimizer steps (1 + 2 + 2 trajectories) end elsewhere than one step on all 5
+    single = one.state_dict_for_sync()
+    assert sum(float((weights["torch"][k] - single[k]).abs().sum()) for k in single) > 0

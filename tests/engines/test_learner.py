@@ -118,7 +118,7 @@ def test_lr_schedules():
     assert [g(n) for n in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
     with pytest.raises(ValueError, match="total_steps"):
         lr_lambda("cosine", 0, None)
-    cfg = LearnerSection(lr=1.0, schedule="linear")
+    cfg = LearnerSection(lr=1.0, schedule="linear", mini_batch_size=0)
     learner = make_learner(cfg, tiny_causal_lm(), total_steps=4)
     m = learner.slots["policy"].module
     lrs = [learner.step(on_policy_batch(m, n=2)).lr for _ in range(3)]
@@ -165,7 +165,8 @@ def test_zero_advantage_trajectories_skipped_give_the_plain_update(learner_cfg):
 def test_torch_reset_in_place_equals_a_fresh_learner(shared):
     """LearnerWorker.restore without a checkpoint (torch backend): the initial weights back in
     place in every slot, fresh AdamW and schedule, version 0: the next step is the first again."""
-    cfg = LearnerSection(lr=1e-3, micro_batch=2, schedule="linear", shared_model=shared)
+    cfg = LearnerSection(lr=1e-3, micro_batch=2, schedule="linear", shared_model=shared,
+                         mini_batch_size=0)
     model = tiny_causal_lm(seed=2)
     initial = {k: v.clone() for k, v in model.state_dict().items()}
     batch = on_policy_batch(tiny_causal_lm(seed=2), n=5, seed=3)
@@ -200,3 +201,31 @@ def test_entropy_in_chunks_equals_the_whole():
     logp = torch.log_softmax(torch.randn(3, 7, 11, generator=torch.Generator().manual_seed(0)),
                              -1)
     torch.testing.assert_close(entropy_of(logp, rows=4), -(logp.exp() * logp).sum(-1))
+
+
+def test_mini_batches_partition_the_batch_the_same_way_on_every_rank():
+    from compassplay.engines.learner import mini_batches
+
+    assert mini_batches(5, 0, seed=3) == [[0, 1, 2, 3, 4]]  # 0: one optimizer step
+    assert mini_batches(5, 8, seed=3) == [[0, 1, 2, 3, 4]]
+    parts = mini_batches(384, 128, seed=7)
+    assert [len(p) for p in parts] == [128, 128, 128]  # AZR's 7B step: 3 optimizer steps
+    assert sorted(i for p in parts for i in p) == list(range(384))
+    assert parts == mini_batches(384, 128, seed=7) != mini_batches(384, 128, seed=8)
+    assert [len(p) for p in mini_batches(10, 4, seed=0)] == [3, 3, 4]
+
+
+def test_mini_batch_size_takes_one_optimizer_step_per_mini_batch(learner_cfg):
+    steps = {}
+    for size in (0, 3):
+        model = tiny_causal_lm(seed=0)
+        trajs = on_policy_batch(model, n=7)
+        learner = make_learner(learner_cfg.model_copy(update={"mini_batch_size": size}), model)
+        slot = learner.slots[learner.slot_for("solver")]
+        calls = []
+        real = slot.step
+        slot.step = lambda real=real, calls=calls: calls.append(1) or real()
+        stats = learner.step(trajs)
+        steps[size] = (len(calls), learner.weight_version, stats.n_tokens)
+    assert steps[0][:2] == (1, 1) and steps[3][:2] == (3, 1)  # 7 -> 2 + 2 + 3, one version
+    assert steps[0][2] == steps[3][2]  # every token trained once either way

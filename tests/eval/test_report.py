@@ -76,3 +76,21 @@ def test_plot_ignores_eval_and_cost_lines(tmp_path):
         lines.append(json.dumps(r))
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert plot_run(run).exists()
+
+
+def test_runs_table_states_normalisation_and_rewards_outside_the_band(tmp_path):
+    new = make_run(tmp_path, "cos-seed1", 1, "cosine", 0.0)
+    cfg = new / "config.yaml"
+    cfg.write_text(cfg.read_text() + "  normalize: eligible\n")
+    old = make_run(tmp_path, "azr-seed1", 1, "difficulty", 0.0)  # written before 2026-12-01
+    (old / "config.yaml").write_text((old / "config.yaml").read_text()
+                                     + "  azr_compat: false\n  format_penalty: -1.0\n")
+    assert load_run(new).reward_rules == ("normalize=eligible; unparsed -1, ill-posed -1, "
+                                          "ineligible -0.5")
+    assert load_run(old).reward_rules == ("normalize=all; unparsed -1, ill-posed -0.5, "
+                                          "ineligible 0")
+    out = tmp_path / "out"
+    assert main(["report", str(new), str(old), "--out", str(out)]) == 0
+    md = (out / "report.md").read_text()
+    assert "| Normalisation and rewards outside the band |" in md
+    assert "| normalize=eligible; unparsed -1, ill-posed -1, ineligible -0.5 |" in md

@@ -5,13 +5,15 @@ import pytest
 from compassplay.rewards import functions as F
 
 
-def test_difficulty_values_and_azr_compat():
+def test_difficulty_values_inside_and_outside_the_band():
     assert F.difficulty(0.25) == pytest.approx(0.75)
     assert F.difficulty(0.5) == pytest.approx(0.5)
-    assert F.difficulty(0.0) == 0.0 and F.difficulty(1.0) == 0.0
-    assert F.difficulty(0.0, azr_compat=True) == -0.5
-    assert F.difficulty(1.0, azr_compat=True) == -0.5
-    assert F.difficulty(0.75, azr_compat=True) == pytest.approx(0.25)
+    assert F.difficulty(0.0) == 0.0 and F.difficulty(1.0) == 0.0  # AZR's paper equation
+    code = F.AZR_CODE_OUTSIDE_REWARD
+    assert code == -0.5
+    assert F.difficulty(0.0, outside=code) == -0.5  # AZR's released code
+    assert F.difficulty(1.0, outside=code) == -0.5
+    assert F.difficulty(0.75, outside=code) == pytest.approx(0.25)  # inside: unchanged
     for bad in (-0.1, 1.1, math.nan):
         with pytest.raises(ValueError):
             F.difficulty(bad)
@@ -75,7 +77,8 @@ def test_format_penalty_and_proposer_reward():
     kw["solve_rate"] = 1.0
     assert F.proposer_reward("cosine", **kw) == 0.0
     assert F.proposer_reward("cosine", ineligible_reward=-0.2, **kw) == -0.2
-    assert F.proposer_reward("difficulty", azr_compat=True, **kw) == -0.5
+    assert F.proposer_reward("difficulty", **kw) == 0.0
+    assert F.proposer_reward("difficulty", ineligible_reward=-0.5, **kw) == -0.5
     with pytest.raises(ValueError, match="cosine"):
         F.proposer_reward("cosine", solve_rate=0.5)
     with pytest.raises(ValueError, match="unknown"):

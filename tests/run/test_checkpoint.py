@@ -20,7 +20,8 @@ from compassplay.run.checkpoint import (
 from tests.tiny_models import synthetic_trajectories as on_policy_batch
 from tests.tiny_models import tiny_causal_lm
 
-CFG = LearnerSection(lr=1e-2, micro_batch=3, schedule="cosine", warmup_steps=1)
+CFG = LearnerSection(lr=1e-2, micro_batch=3, schedule="cosine", warmup_steps=1,
+                    mini_batch_size=0)
 
 
 def _train(learner, model, steps: range) -> list[float]:

@@ -287,8 +287,9 @@ def test_colocated_learners_release_their_cache():
 def test_dry_run_exits_2_naming_the_field(capsys):
     from compassplay.cli import main
 
+    # the shipped seed programs: AZR's seed sets live in $COMPASSPLAY_DATA_DIR
     assert main(["run", "--config", "paper_coding_7b", "--dry-run",
-                 "--gpu-memory-gib", "48"]) == 2
+                 "--gpu-memory-gib", "48", "task.seed_file=simple"]) == 2
     err = capsys.readouterr().err
     assert "gpu_memory_utilization" in err or "learner." in err or "scorer." in err
     assert "48.0 GiB" in err

@@ -1,8 +1,10 @@
 """The reward path of one step on real records: sandbox grading, candidates, scorer, rewards."""
 
+from pathlib import Path
+
 import pytest
 
-from compassplay.config import RewardSection, load_config
+from compassplay.config import RewardSection, RunConfig, load_config
 from compassplay.envs.code import CodeEnvironment
 from compassplay.models import load_model
 from compassplay.records import Attempt, Generation, Task
@@ -100,7 +102,7 @@ def test_rewards_per_kind(setup, kind):
     scores = {s.task_id: s for s in stages.assign_rewards(cfg, tasks, rates_of(tasks, verdicts), cands,
                                                            alignment)}
     assert scores["p3"].reward == -1.0  # unparseable proposal: format penalty
-    assert scores["p4"].reward == -0.5  # parsed but ill-posed: half of it
+    assert scores["p4"].reward == -1.0  # parsed but ill-posed: invalid_penalty (AZR's code)
     by_cand = {c.task_id: c for c in cands}
     for tid in ("p0", "p2"):
         cos, inner, _ = alignment[tid]
@@ -110,7 +112,45 @@ def test_rewards_per_kind(setup, kind):
                 "novelty": nov, "cos_novelty": cos * nov}[kind]
         assert scores[tid].reward == pytest.approx(want, abs=1e-12)
         assert scores[tid].eligible
-    assert scores["p1"].reward == 0.0 and not scores["p1"].eligible
+    assert scores["p1"].reward == -0.5 and not scores["p1"].eligible  # s = 1: AZR's code
+
+
+@pytest.mark.parametrize("kind", ["difficulty", "cosine", "soar"])
+@pytest.mark.parametrize("outside,invalid", [(0.0, -0.5), (-0.5, -1.0)])
+def test_outside_the_band_and_ill_posed_rewards_follow_the_config(setup, kind, outside,
+                                                                   invalid):
+    _, _, tasks, _, verdicts, cands, alignment = setup
+    cfg = RewardSection(kind=kind, ineligible_reward=outside, invalid_penalty=invalid)
+    utility = {c.task_id: 0.125 for c in cands}
+    scores = {s.task_id: s for s in stages.assign_rewards(
+        cfg, tasks, rates_of(tasks, verdicts), cands, alignment, utility)}
+    assert scores["p1"].reward == outside  # valid, solved by all 4 attempts: s = 1
+    assert scores["p4"].reward == invalid and scores["p3"].reward == -1.0
+    inside = {"difficulty": 0.5, "cosine": alignment["p0"][0], "soar": 0.125}[kind]
+    assert scores["p0"].reward == pytest.approx(inside)  # s = 0.5: the kind's own reward
+
+
+def test_configs_written_before_ineligible_reward_keep_their_rewards():
+    old = RewardSection.model_validate({"kind": "difficulty", "azr_compat": True,
+                                        "format_penalty": -1.0})
+    assert (old.ineligible_reward, old.invalid_penalty) == (-0.5, -0.5)
+    old = RewardSection.model_validate({"kind": "cosine", "azr_compat": True})
+    assert (old.ineligible_reward, old.invalid_penalty) == (0.0, -0.5)
+    assert RewardSection.model_validate({"kind": "difficulty", "azr_compat": False}
+                                        ).ineligible_reward == 0.0
+    new = RewardSection()
+    assert (new.ineligible_reward, new.invalid_penalty, new.format_penalty) == (-0.5, -1.0,
+                                                                                -1.0)
+
+
+def test_the_7b_configs_state_their_rewards_outside_the_band():
+    for name in ("paper_coding_7b", "baseline_difficulty_7b"):
+        cfg = load_config(name)
+        assert cfg.reward.ineligible_reward == -0.5 and cfg.reward.invalid_penalty == -1.0
+    assert load_config("baseline_difficulty_7b").reward.kind == "difficulty"
+    text = (Path(stages.__file__).parents[1] / "configs" / "baseline_difficulty_7b.yaml"
+            ).read_text()
+    assert "ineligible_reward: -0.5" in text and "paper" in text
 
 
 def test_trajectories_carry_rewards(setup):
@@ -123,6 +163,89 @@ def test_trajectories_carry_rewards(setup):
     assert sum(t.reward for t in solver) == 7.0  # 2 + 4 + 1 correct attempts, binary reward
     assert all(t.role == "solver" for t in trajs)  # these hand-made proposals have no generation
     assert isinstance(attempts[0], Attempt)
+
+
+@pytest.mark.parametrize("normalize", ["all", "eligible"])
+def test_eligible_proposals_are_labelled_for_normalize_eligible(setup, normalize):
+    _, env, tasks, attempts, verdicts, cands, alignment = setup
+    gen = Generation(prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], text="x")
+    tasks = [t.model_copy(update={"proposal": gen}) for t in tasks]
+    scores = stages.assign_rewards(RewardSection(kind="cosine", normalize=normalize), tasks,
+                                   rates_of(tasks, verdicts), cands, alignment)
+    trajs = stages.make_trajectories(env, tasks, attempts, verdicts, scores, normalize)
+    labelled = {t.task_id for t in trajs if t.subgroup}
+    assert all(t.role == "proposer" for t in trajs if t.subgroup)
+    assert labelled == ({"p0", "p2"} if normalize == "eligible" else set())
+
+
+def test_buffer_training_leaves_the_estimating_attempts_out(setup):
+    """solver.train_on=buffer (AZR's code): the attempts that estimate s(x) are not trained
+    on; the buffer tasks' attempts (seed_task_samples each) are."""
+    cfg, env, tasks, attempts, verdicts, cands, alignment = setup
+    buffer = [t.model_copy(update={"task_id": f"b{i}", "source": "seed"})
+              for i, t in enumerate(tasks[:2])]
+    run = load_config(None, ["task.types=[deduction]"])
+    assert (run.solver.train_on, run.solver.seed_task_samples) == ("buffer", 1)
+    ids = {t.task_id for t in buffer}
+    assert stages.samples_per_task(run, tasks[:3] + buffer, ids) == [run.solver.n_samples] * 3 \
+        + [1, 1]
+    old = load_config(None, ["solver.seed_task_samples=0", "solver.n_samples=5"])
+    assert stages.samples_per_task(old, buffer, ids) == [5, 5]  # 0 = n_samples
+    gen = Generation(prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], text="x")
+    extra = [env.parse_attempt(b, env.gold_answer_text(b), 0).model_copy(
+        update={"generation": gen}) for b in buffer]
+    extra_verdicts = stages.grade(env, buffer, extra)
+    scores = stages.assign_rewards(RewardSection(kind="cosine"), tasks, rates_of(
+        tasks, verdicts), cands, alignment)
+    everything = stages.make_trajectories(env, tasks + buffer, attempts + extra,
+                                          verdicts + extra_verdicts, scores)
+    separate = stages.make_trajectories(env, tasks + buffer, attempts + extra,
+                                        verdicts + extra_verdicts, scores, train_ids=ids)
+    assert len(everything) == len(attempts) + 2  # these proposals carry no generation
+    assert [t.task_id for t in separate] == ["b0", "b1"]
+    assert all(t.role == "solver" and t.reward == 1.0 for t in separate)
+
+
+class _EchoEngine:
+    """Answers every prompt with a wrong output block (records how many it was asked)."""
+
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def generate(self, prompts, params):
+        self.asked += len(prompts)
+        return [Generation(prompt_ids=list(p), completion_ids=[2], logprobs=[-1.0], text=WRONG)
+                for p in prompts]
+
+
+def test_solve_attempts_buffer_tasks_seed_task_samples_times(setup):
+    _, env, tasks, _, _, _, _ = setup
+    cfg = load_config(None, ["task.types=[deduction]", "solver.n_samples=3",
+                             "solver.seed_task_samples=1"])
+    _, tok = load_model(cfg.model, seed=0)
+    engine = _EchoEngine()
+    atts = stages.solve(env, engine, tok, cfg, tasks[:3], 0, {tasks[2].task_id})
+    assert engine.asked == 7
+    assert [(a.task_id, a.index) for a in atts] == [
+        ("p0", 0), ("p0", 1), ("p0", 2), ("p1", 0), ("p1", 1), ("p1", 2), ("p2", 0)]
+
+
+def test_the_7b_config_follows_azrs_training_batch():
+    cfg = load_config("paper_coding_7b")
+    s = cfg.solver
+    assert (s.train_on, s.seed_tasks_per_step, s.seed_task_samples, s.n_samples) == (
+        "buffer", 192, 1, 8)
+    assert cfg.learner.mini_batch_size == 128 and cfg.task.induction_inputs == 10
+    assert cfg.task.seed_file.split(",") == ["azr_7b_coder_seed_io.jsonl",
+                                             "azr_7b_coder_code_f_seed_io.jsonl"]
+    # Lean follows SGS's loop: every attempt at the targets trains the solver, n each
+    lean = RunConfig.model_validate({"task": {"domain": "lean"}})
+    assert (lean.solver.train_on, lean.solver.seed_task_samples) == ("all", 0)
+    # the CPU configs keep the earlier choices (a handful of buffer tasks per step)
+    for name in ("default", "micro", "micro_warm"):
+        c = load_config(name)
+        assert (c.solver.train_on, c.solver.seed_task_samples, c.task.induction_inputs) == (
+            "all", 0, 6)
 
 
 def _scored(setup, overrides, num_shards=1):
@@ -156,7 +279,7 @@ def test_soar_rewards_are_one_value_per_group(setup):
     scores = {s.task_id: s for s in stages.assign_rewards(
         RewardSection(kind="soar"), tasks, rates_of(tasks, verdicts), cands, {}, utility)}
     assert scores["p0"].reward == utility["p0"] != 0.0
-    assert scores["p1"].reward == 0.0 and scores["p3"].reward == -1.0
+    assert scores["p1"].reward == -0.5 and scores["p3"].reward == -1.0
     # SOAR's compute is recorded with the step (merged over shards)
     cost = merge_soar(shards)
     assert cost["soar_groups"] == 1 and cost["soar_seconds"] > 0

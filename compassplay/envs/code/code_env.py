@@ -6,7 +6,7 @@ Task types (AZR's definitions):
 - abduction: same proposal; the solver is shown the program and output and must give any
   input that produces the output (checked by running `f`).
 - induction: a program is sampled from the buffer (any type); the proposer writes
-  `induction_inputs` inputs and a message for it; outputs come from running the program. The
+  `task.induction_inputs` inputs and a message for it; outputs come from running the program. The
   first half of the pairs (rounded up) is shown with the message, the rest is hidden and the
   solver's program must reproduce it (representation: see `pairs`).
 
@@ -44,6 +44,7 @@ from compassplay.envs.code.solver_rewards import (
 from compassplay.envs.code.validity import validate_tasks
 from compassplay.envs.interface import Environment
 from compassplay.records import Attempt, Score, Task, Verdict
+from compassplay.rewards.functions import Tokenize, regex_tokenize
 
 INPUT_TOKENS = 40     # template cap of one ```input block (tokens)
 MESSAGE_TOKENS = 48   # template cap of the induction ```message block
@@ -53,13 +54,13 @@ class CodeEnvironment(Environment):
     """Prompts, parsing, validation, grading and rewards for the coding task types."""
 
     def __init__(self, cfg: TaskSection, runner: CodeRunner, seed: int = 0,
-                 num_references: int = 2, induction_inputs: int = 6,
-                 buffer_strategy: Strategy = "uniform", heldout: int = 0) -> None:
+                 num_references: int = 2, buffer_strategy: Strategy = "uniform",
+                 heldout: int = 0) -> None:
         self.cfg = cfg
         self.runner = runner
         self.rng = random.Random(seed)
         self.num_references = num_references
-        self.induction_inputs = induction_inputs
+        self.induction_inputs = cfg.induction_inputs
         self.banned = list(cfg.banned_modules)
         self.counters: Counter = Counter()
         self.buffer = TaskBuffer(capacity=cfg.buffer_size, strategy=buffer_strategy)
@@ -104,14 +105,16 @@ class CodeEnvironment(Environment):
         if reason:
             self.counters[f"parse:{reason}"] += 1
             return task.model_copy(update={"valid": False, "invalid_reason": f"parse:{reason}"})
-        return task.model_copy(update={**update, **self._seed_reference(task_type, seed_ids)})
+        first = self.seed_reference(task_type, seed_ids[0]) if seed_ids else {}
+        return task.model_copy(update={**update, **first})
 
-    def _seed_reference(self, task_type: str, seed_ids: list[str]) -> dict[str, str]:
-        """The local reference of a proposal (`seed_statement`, `seed_solution`): the solver
-        prompt of the first seed it was shown, posed as the proposal's type when that is
-        deduction/abduction (else as stored), and that seed's gold answer, verified by
-        execution when it entered the buffer. {} when the seed is unknown."""
-        seed = self.buffer.get(seed_ids[0]) if seed_ids else None
+    def seed_reference(self, task_type: str, seed_id: str) -> dict[str, str]:
+        """The local reference a proposal gets from shown seed `seed_id` (`seed_statement`,
+        `seed_solution`): the seed's solver prompt, posed as the proposal's type when that is
+        deduction/abduction (else as stored), and its gold answer, verified by execution when
+        it entered the buffer. {} when the seed is unknown. A parsed proposal starts with its
+        first seed's; `stages.propose` applies `reward.local_reference_seed`."""
+        seed = self.buffer.get(seed_id)
         if seed is None or not seed.outputs:
             return {}
         io = ("deduction", "abduction")
@@ -225,14 +228,14 @@ class CodeEnvironment(Environment):
             return None
         return task.seed_statement, task.seed_solution
 
-    def step_metrics(self, tasks: list[Task], rates: dict[str, float],
-                     scores: list[Score]) -> dict[str, float]:
+    def step_metrics(self, tasks: list[Task], rates: dict[str, float], scores: list[Score],
+                     tokenize: Tokenize = regex_tokenize) -> dict[str, float]:
         """copy_rate and rename_rate of this step's in-band proposals (valid, 0 < s < 1)
-        against the references each was shown (`envs.code.copies`)."""
+        against the references each was shown (`envs.code.copies`), copies on `tokenize`."""
         band = [t for t in tasks if t.source == "proposed" and t.valid
                 and 0.0 < rates.get(t.task_id, 0.0) < 1.0]
         return copy_and_rename_rates([(self.novelty_text(t), t.seed_texts or [t.seed_program])
-                                      for t in band])
+                                      for t in band], tokenize)
 
     # ----------------------------------------------------------------- novelty
     def novelty_pair(self, task: Task) -> tuple[str, str]:

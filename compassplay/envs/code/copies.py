@@ -3,8 +3,9 @@
 With a local reference (reward.reference=local) a proposal is rewarded by its alignment with
 the gradient of its own seed's solution, so re-emitting the seed is the shortcut; these
 measures show whether it appears:
-- copy: token Jaccard (regex tokens) of what the proposer wrote to the closest shown reference
-  above `COPY_JACCARD` (the paper's 0.8);
+- copy: token Jaccard of what the proposer wrote to the closest shown reference above
+  `COPY_JACCARD` (the paper's 0.8), on the tokens novelty uses (`reward.novelty_tokenizer`:
+  the run passes its tokenizer; regex tokens when none is given);
 - rename: the program equals a shown reference program up to a renaming of its identifiers
   (arguments, locals, inner functions; builtins and attributes keep their names), with the
   same input (deduction/abduction only: an induction proposal is given its program).
@@ -16,7 +17,7 @@ from __future__ import annotations
 import ast
 import builtins
 
-from compassplay.rewards.functions import regex_tokenize, token_jaccard
+from compassplay.rewards.functions import Tokenize, regex_tokenize, token_jaccard
 
 COPY_JACCARD = 0.8
 _BUILTINS = frozenset(dir(builtins))
@@ -58,10 +59,10 @@ def alpha_normal_program(source: str) -> str | None:
     return ast.dump(_Canonical().visit(tree), annotate_fields=False)
 
 
-def is_copy(text: str, references: list[str]) -> bool:
-    """`text` is within COPY_JACCARD of some reference text (regex tokens)."""
-    mine = regex_tokenize(text)
-    return any(token_jaccard(mine, regex_tokenize(r)) > COPY_JACCARD for r in references)
+def is_copy(text: str, references: list[str], tokenize: Tokenize = regex_tokenize) -> bool:
+    """`text` is within COPY_JACCARD of some reference text (token Jaccard of `tokenize`)."""
+    mine = tokenize(text)
+    return any(token_jaccard(mine, tokenize(r)) > COPY_JACCARD for r in references)
 
 
 def is_rename(text: str, references: list[str]) -> bool:
@@ -73,10 +74,11 @@ def is_rename(text: str, references: list[str]) -> bool:
     return mine is not None and any(alpha_normal_program(r) == mine for r in references)
 
 
-def copy_and_rename_rates(texts: list[tuple[str, list[str]]]) -> dict[str, float]:
+def copy_and_rename_rates(texts: list[tuple[str, list[str]]],
+                          tokenize: Tokenize = regex_tokenize) -> dict[str, float]:
     """copy_rate and rename_rate over (what a proposer wrote, the references it was shown)
-    pairs; 0.0 for no pairs."""
+    pairs, copies on `tokenize`'s tokens; 0.0 for no pairs."""
     n = len(texts)
-    copies = sum(is_copy(t, refs) for t, refs in texts)
+    copies = sum(is_copy(t, refs, tokenize) for t, refs in texts)
     renames = sum(is_rename(t, refs) for t, refs in texts)
     return {"copy_rate": copies / n if n else 0.0, "rename_rate": renames / n if n else 0.0}

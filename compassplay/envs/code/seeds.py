@@ -98,12 +98,25 @@ def load_seed_file(path: str | os.PathLike, banned: list[str],
 
 
 def load_seeds(seed_file: str, banned: list[str]) -> tuple[list[Task], Counter]:
-    """The configured seed file: a path, or the name of a shipped set ('' = the AZR-style
-    set, 'simple' = the short programs; `SHIPPED_SEED_SETS`)."""
-    if seed_file in SHIPPED_SEED_SETS:
-        prefix = "seed" if not seed_file else f"seed-{seed_file}"
-        return load_seed_file(shipped_seed_path(seed_file), banned, prefix=prefix)
-    if not Path(seed_file).exists():
-        raise FileNotFoundError(f"task.seed_file: {seed_file} does not exist (a path, or one "
-                                f"of the shipped sets: {', '.join(map(repr, SHIPPED_SEED_SETS))})")
-    return load_seed_file(seed_file, banned)
+    """The configured seeds: comma-separated sources, each the name of a shipped set ('' =
+    the AZR-style set, 'simple' = the short programs; `SHIPPED_SEED_SETS`), a path, or the
+    name of a file in $COMPASSPLAY_DATA_DIR (AZR's own seed sets live there, not in the
+    package)."""
+    tasks: list[Task] = []
+    skipped: Counter = Counter()
+    for source in (s.strip() for s in seed_file.split(",")):
+        if source in SHIPPED_SEED_SETS:
+            prefix = "seed" if not source else f"seed-{source}"
+            got = load_seed_file(shipped_seed_path(source), banned, prefix=prefix)
+        else:
+            path = Path(source) if Path(source).exists() else data_path(source)
+            if path is None:
+                where = os.environ.get("COMPASSPLAY_DATA_DIR", "") or "unset"
+                raise FileNotFoundError(
+                    f"task.seed_file: {source} is neither a file nor in $COMPASSPLAY_DATA_DIR "
+                    f"({where}); a path, a data file name, or one of the shipped sets: "
+                    f"{', '.join(map(repr, SHIPPED_SEED_SETS))}")
+            got = load_seed_file(path, banned)
+        tasks += got[0]
+        skipped.update(got[1])
+    return tasks, skipped

@@ -50,7 +50,7 @@ from compassplay.envs.lean.statements import (
 )
 from compassplay.envs.lean.targets import load_targets
 from compassplay.records import Attempt, Score, Task, Verdict
-from compassplay.rewards.functions import regex_tokenize, token_jaccard
+from compassplay.rewards.functions import Tokenize, regex_tokenize, token_jaccard
 from compassplay.verifiers.lean_pool import LeanCheck, LeanPool
 
 log = logging.getLogger(__name__)
@@ -224,15 +224,16 @@ class LeanEnvironment(Environment):
                 "targets_proved": float(len(self.buffer)),
                 "targets_attempted": float(attempted)}
 
-    def step_metrics(self, tasks: list[Task], rates: dict[str, float],
-                     scores: list[Score]) -> dict[str, float]:
-        """copy_rate and rename_rate over this step's in-band conjectures (0 < s < 1)."""
+    def step_metrics(self, tasks: list[Task], rates: dict[str, float], scores: list[Score],
+                     tokenize: Tokenize = regex_tokenize) -> dict[str, float]:
+        """copy_rate and rename_rate over this step's in-band conjectures (0 < s < 1); copies
+        on `tokenize`'s tokens (the run's novelty tokens)."""
         band = [t for t in tasks if t.source == "proposed" and t.valid
                 and 0.0 < rates.get(t.task_id, 0.0) < 1.0]
         copies = renames = 0
         for t in band:
             a, b = self.novelty_pair(t)
-            copies += token_jaccard(regex_tokenize(a), regex_tokenize(b)) > COPY_JACCARD
+            copies += token_jaccard(tokenize(a), tokenize(b)) > COPY_JACCARD
             renames += bool(t.seed_statement) and alpha_normal(t.statement) == alpha_normal(
                 t.seed_statement)
         n = len(band)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from compassplay.config import TaskSection
 from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code.programs import values_equal
@@ -65,3 +67,31 @@ def test_azr_seed_file_as_buffer_and_gold_grades(runner, shared):
                Attempt(task_id=t.task_id, index=1, answer=t.inputs[0])) for t in tasks]
     verdicts = env.grade(pairs)
     assert sum(v.correct for v in verdicts) >= 0.9 * len(pairs)
+
+
+def test_seed_file_takes_several_sources_and_names_in_the_data_dir(tmp_path, monkeypatch):
+    io = {"snippet": "def f(a):\n    return a + 1", "input": "1", "output": "2", "imports": []}
+    ind = {"snippet": "def f(a):\n    return a * 2", "inputs": ["1", "2", "3"],
+           "outputs": ["2", "4", "6"], "message": "double it", "imports": []}
+    (tmp_path / "io.jsonl").write_text(json.dumps(io) + "\n")
+    (tmp_path / "ind.jsonl").write_text(json.dumps(ind) + "\n")
+    monkeypatch.setenv("COMPASSPLAY_DATA_DIR", str(tmp_path))
+    env = CodeEnvironment(TaskSection(seed_file="io.jsonl, ind.jsonl",
+                                      types=["deduction", "induction"]), None)
+    assert [t.task_type for t in env.buffer] == ["deduction", "induction"]
+    assert len({t.task_id for t in env.buffer}) == 2  # ids carry their file's name
+    both = CodeEnvironment(TaskSection(seed_file=f"simple,{tmp_path / 'io.jsonl'}"), None)
+    assert len(both.buffer.pool()) == 1 + len(CodeEnvironment(
+        TaskSection(seed_file="simple"), None).buffer.pool())
+    monkeypatch.delenv("COMPASSPLAY_DATA_DIR")
+    with pytest.raises(FileNotFoundError, match="COMPASSPLAY_DATA_DIR"):
+        CodeEnvironment(TaskSection(seed_file="io.jsonl"), None)
+
+
+def test_induction_inputs_come_from_the_config():
+    for n in (6, 10):
+        env = CodeEnvironment(TaskSection(types=["induction"], induction_inputs=n), None)
+        assert env.induction_inputs == n
+        segments = env.response_template("proposer", "induction", 40)
+        assert len(segments) == n + 1  # n inputs, then the message
+    assert TaskSection().induction_inputs == 10  # AZR's code

@@ -192,6 +192,11 @@ def test_alpha_normal_and_step_metrics(env):
     m = env.step_metrics([ren, new, copy, out_of_band], {"r": 0.5, "n": 0.25, "c": 0.75,
                                                          "o": 1.0}, [])
     assert m == {"copy_rate": pytest.approx(1 / 3), "rename_rate": pytest.approx(2 / 3)}
+    # copies are counted on the tokens given (the run's novelty tokens): with one token for
+    # any text every in-band conjecture is a copy; renames do not depend on tokens
+    one = env.step_metrics([ren, new, copy], {"r": 0.5, "n": 0.25, "c": 0.75}, [],
+                           lambda text: ["t"])
+    assert one == {"copy_rate": 1.0, "rename_rate": pytest.approx(2 / 3)}
 
 
 @pytest.mark.skipif(not MINIF2F.is_file(), reason="needs /work/shared/data/minif2f.jsonl")
