@@ -84,20 +84,19 @@ class SamplingSection(Section):
     prefill: bool = Field(False, description="start each reply with the format's opening "
                           "(e.g. ```python) after the prompt; the policy learns the rest")
     template: bool = Field(False, description="constrained decoding of the reply's blocks "
-                           "(needs prefill; hf engine): the closing fence of each block is "
-                           "followed by the opening of the next, and the reply ends after the "
-                           "last (see envs: response_template)")
+                           "(needs prefill): the closing fence of each block is followed by "
+                           "the opening of the next, and the reply ends after the last (see "
+                           "envs: response_template); hf: the engine's cursor; vllm: vLLM's "
+                           "structured outputs with the template's regex")
     segment_max_tokens: int = Field(0, ge=0, description="template: cap per free block "
-                                    "(tokens); 0 = max_new_tokens")
+                                    "(tokens; hf engine only, vllm caps the whole reply); 0 = "
+                                    "max_new_tokens")
 
     @model_validator(mode="after")
-    def _template_needs_prefill_and_hf(self) -> SamplingSection:
+    def _template_needs_prefill(self) -> SamplingSection:
         if self.template and not self.prefill:
             raise ValueError("template: true needs prefill: true (the template continues the "
                              "prefilled opening)")
-        if self.template and self.engine != "hf":
-            raise ValueError("template: true needs engine: hf (vLLM's own structured outputs "
-                             "are not wired)")
         return self
 
 

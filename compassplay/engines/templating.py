@@ -4,10 +4,12 @@ A `TemplateCursor` follows one completion through its `Segment`s: while a segmen
 engine samples (end-of-sequence masked); once the segment's stop string has appeared in the
 text sampled since the segment began (or its token cap is hit, which forces the stop string),
 the tokens of the segment's forced text are queued (after one of the segment's `ends`, or at
-its cap: a newline unless the text ends with one, the stop string, then the forced text). A free part is never empty: its first
-token may not be the first token of its stop string or of one of its ends. and emitted one per step, and after the
-last segment the end-of-sequence token. The engine asks `forced()` before sampling and calls
-`advance()` after each token. Pure Python over token ids; no model, no torch.
+its cap: a newline unless the text ends with one, the stop string, then the forced text) and
+emitted one per step, and after the last segment the end-of-sequence token. A free part is
+never empty: its first token may not be the first token of its stop string or of one of its
+ends. The engine asks `forced()` before sampling and calls `advance()` after each token. Pure
+Python over token ids; no model, no torch. (The vLLM engine constrains a reply by the same
+template's regular expression instead: `template_regex`.)
 """
 
 from __future__ import annotations

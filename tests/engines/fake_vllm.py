@@ -6,7 +6,8 @@ and speaks: ``collective_rpc(method, args)`` (every worker, concurrently like vL
 arguments arrive as vLLM's msgpack decoding delivers them: tuples become lists, a tensor is
 legal but arrives as [dtype, shape, buffer index], not a tensor; a worker's exception comes
 back wrapped as vLLM wraps it), ``sleep(level)``,
-``wake_up(tags)``, ``reset_prefix_cache()``, ``generate(...)``, ``get_tokenizer()``. Every call is
+``wake_up(tags)``, ``reset_prefix_cache()``, ``generate(...)`` (prompt log-probs too),
+``get_tokenizer()``. Every call is
 appended to `log`. Workers join the weight group over gloo (`StoreBroadcaster`) instead of
 PyNccl, and report ``fake-gpu-<rank>`` as their GPU UUID.
 """
@@ -108,6 +109,7 @@ class FakeLLM:
         self.log: list[tuple] = []
         self.weights_awake = self.kv_awake = True
         self.finish_reason = "stop"  # what generate() reports (tests set abort/error)
+        self.requests: list[list[tuple]] = []  # each generate call's (prompt, params) pairs
         self.workers = [FakeWorker(r, state, self) for r in range(tp)]
 
     def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
@@ -153,15 +155,21 @@ class FakeLLM:
         return None
 
     def generate(self, prompts, params, use_tqdm: bool = False):
+        """One token per prompt (log-prob -0.5), or, for a request with prompt_logprobs, the
+        prompt's log-probs: -0.25 for each token after the first."""
         assert self.weights_awake and self.kv_awake, "generate while asleep"
         self.log.append(("generate", len(prompts)))
+        self.requests.append(list(zip(prompts, params, strict=True)))
         first = self.workers[0].model.params
         tok = int(next(iter(first.values())).flatten()[0].item() * 1000) % 100
         step = {tok: SimpleNamespace(logprob=-0.5)}
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[tok], logprobs=[step],
                                                          text=str(tok),
-                                                         finish_reason=self.finish_reason)])
-                for _ in prompts]
+                                                         finish_reason=self.finish_reason)],
+                                prompt_logprobs=None if p.get("prompt_logprobs") is None else
+                                [None] + [{t: SimpleNamespace(logprob=-0.25)}
+                                          for t in q["prompt_token_ids"][1:]])
+                for q, p in zip(prompts, params, strict=True)]
 
 
 class FakeLLMNoTags(FakeLLM):
@@ -173,3 +181,7 @@ class FakeLLMNoTags(FakeLLM):
 
 def fake_sampling_params(**kwargs: Any) -> dict:
     return kwargs
+
+
+def fake_structured_outputs(**kwargs: Any) -> dict:
+    return {"structured_outputs": kwargs}

@@ -160,3 +160,48 @@ def test_over_long_and_empty_prompts_are_rejected_alone(engine, hf):
     assert gens[0].finish_reason == "rejected" and "context length 256" in gens[0].error
     assert gens[2].finish_reason == "rejected" and gens[2].error == "empty prompt"
     assert gens[0].completion_ids == [] and gens[0].failed and not gens[1].failed
+
+
+def test_templated_proposals_follow_the_template_and_carry_the_models_logprobs(engine, hf):
+    """A deduction proposal in the code environment's template (a short request: the module's
+    engine has a 256-token context): vLLM's structured outputs keep every reply inside the
+    template's regex, so it parses as a proposal, and the re-scoring
+    gives each token (forced ones too) the model's own log-prob, as the HF engine computes
+    it. The same requests untemplated are printed for comparison (not asserted)."""
+    import re
+
+    from compassplay.config import TaskSection
+    from compassplay.engines.logprobs import pack, token_logprobs
+    from compassplay.engines.template_regex import template_regex
+    from compassplay.envs.code import CodeEnvironment
+    from compassplay.step.prompting import prompt_ids
+
+    model, tok = hf
+    env = CodeEnvironment(TaskSection(seed_file="simple"), None, seed=0,  # type: ignore[arg-type]
+                          num_references=0)
+    text = ("Write a new short Python function `f` and one input for it. Reply with exactly "
+            "two fenced blocks, ```python and ```input.")
+    prefix = env.response_prefix("proposer", "deduction")
+    prompt = prompt_ids(tok, text, prefix)
+    tpl = env.response_template("proposer", "deduction", 64)
+    rx = re.compile(template_regex(tpl))
+    room = 256 - 2 - len(prompt)
+    assert room >= 100, len(prompt)
+    params = SamplingParams(max_new_tokens=room, temperature=0.7, top_p=0.95, seed=0,
+                            template=tpl)
+    gens = engine.generate([prompt] * 3, params)
+    free = engine.generate([prompt] * 3, SamplingParams(max_new_tokens=room, temperature=0.7,
+                                                        top_p=0.95, seed=0))
+    for g, f in zip(gens, free, strict=True):
+        print(f"\ntemplated ({g.finish_reason}): {g.text!r}\nfree ({f.finish_reason}, "
+              f"matches the regex: {bool(rx.fullmatch(f.text))}): {f.text!r}")
+    for g in gens:
+        assert g.finish_reason == "stop" and rx.fullmatch(g.text), g.text
+        assert g.completion_ids[-1] == tok.eos_token_id
+        task = env.parse_proposal("deduction", prefix + g.text, [], "t")
+        assert task.invalid_reason == "" and task.program.startswith("def f("), g.text
+        b = pack([g])
+        with torch.no_grad():
+            lp = token_logprobs(model, b["input_ids"], b["attention_mask"], b["targets"])
+        torch.testing.assert_close(torch.tensor(g.logprobs), lp[0][b["mask"][0] > 0],
+                                   atol=TOL, rtol=0)

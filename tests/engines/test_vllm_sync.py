@@ -328,3 +328,73 @@ def test_disabled_pynccl_is_an_error():
     check_enabled(SimpleNamespace(disabled=False, available=True), 1, 3)
     with pytest.raises(RuntimeError, match="PyNcclCommunicator is disabled on weight-sync rank 2"):
         check_enabled(SimpleNamespace(disabled=True, available=False), 2, 3)
+
+
+def test_templated_requests_carry_the_regex_and_the_model_logprobs_of_a_rescoring():
+    """A templated request goes out with structured outputs (the template's regex) and a
+    length that leaves a token of the context for the re-scoring; the reply's log-probs are
+    the re-scoring's (the prompt log-probs of prompt + reply), not the masked ones."""
+    import re
+
+    from compassplay.engines.base import Segment
+    from compassplay.engines.template_regex import template_regex
+    from tests.engines.fake_vllm import fake_structured_outputs
+
+    tpl = (Segment("```", "\n```input\n", 8, ends=("\n\n",)), Segment("```", "", 4, ("\n",)))
+    llm = FakeLLM(_state(0.0))
+    llm.model_config = type("C", (), {"max_model_len": 10})()
+    eng = _engine(llm, structured_outputs_cls=fake_structured_outputs)
+    gens = eng.generate([[1, 2, 3], [4] * 9, [5] * 8],
+                        SamplingParams(max_new_tokens=40, template=tpl))
+    (sent, rescore) = llm.requests
+    assert [len(p["prompt_token_ids"]) for p, _ in sent] == [3, 8]  # 9 leaves no room
+    assert gens[1].finish_reason == "rejected" and gens[2].finish_reason == "stop"
+    assert "templated reply and its re-scoring" in gens[1].error
+    assert sent[1][1]["max_tokens"] == 1
+    params = sent[0][1]
+    assert params["structured_outputs"] == {"structured_outputs": {"regex": template_regex(tpl)}}
+    assert re.fullmatch(params["structured_outputs"]["structured_outputs"]["regex"],
+                        "x\n```\n```input\n3\n```")
+    assert params["max_tokens"] == 10 - 1 - 3 and params["stop"] is None
+    assert rescore[0][0]["prompt_token_ids"] == [1, 2, 3, *gens[0].completion_ids]
+    assert rescore[0][1]["prompt_logprobs"] == 0 and rescore[0][1]["max_tokens"] == 1
+    assert gens[0].logprobs == [-0.25] * len(gens[0].completion_ids)
+    free = eng.generate([[1, 2, 3], [4] * 9], SamplingParams(max_new_tokens=40))
+    assert [g.logprobs for g in free] == [[-0.5]] * 2  # 9 tokens leave room for a free reply
+    assert "structured_outputs" not in llm.requests[-1][0][1]
+    assert len(llm.requests) == 3  # no re-scoring without a template
+
+
+def test_a_template_without_structured_outputs_is_a_config_error():
+    from compassplay.config import ConfigError
+    from compassplay.engines.base import Segment
+
+    eng = _engine(FakeLLM(_state(0.0)), role="proposer")
+    with pytest.raises(ConfigError, match=r"proposer\.template=true with engine vllm"):
+        eng.generate([[1]], SamplingParams(template=(Segment("```"),)))
+
+
+def test_structured_outputs_need_the_params_class_and_a_grammar_backend(monkeypatch):
+    import importlib.util
+    import sys
+    from types import ModuleType
+
+    from compassplay.engines.vllm_generation import structured_outputs_of
+
+    fake = ModuleType("vllm")
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", ModuleType("vllm.sampling_params"))
+    assert structured_outputs_of()[2].startswith("this vLLM has no StructuredOutputsParams")
+    sp = sys.modules["vllm.sampling_params"]
+    sp.StructuredOutputsParams = dict  # type: ignore[attr-defined]
+    real = importlib.util.find_spec
+    have = {"xgrammar": False, "llguidance": True}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if have.get(name, False) else
+                        (None if name in have else real(name, *a)))
+    assert structured_outputs_of() == (dict, "guidance", "")
+    have["xgrammar"] = True
+    assert structured_outputs_of()[1] == "xgrammar"
+    have.update(xgrammar=False, llguidance=False)
+    cls, backend, why = structured_outputs_of()
+    assert cls is None and backend == "" and "neither xgrammar nor llguidance" in why
