@@ -141,13 +141,14 @@ def test_the_regex_is_compact_and_xgrammar_compiles_and_agrees():
     from xgrammar.testing import _is_grammar_accept_string
 
     env = _env()
-    ind = template_regex(env.response_template("proposer", "induction", 96))
-    assert len(ind) < 1000  # 7 segments
+    template = env.response_template("proposer", "induction", 96)
+    ind = template_regex(template)
+    assert len(ind) < 100 * len(template)  # induction_inputs + 1 segments
     t0 = time.perf_counter()
     grammar = xgr.Grammar.from_regex(ind)
     assert time.perf_counter() - t0 < 1.0
-    prefix_free = "1\n```\n```input\n2\n```\n```input\n'a'\n```\n```input\n3\n```\n```input\n" \
-        "4\n```\n```input\n5\n```\n```message\nadds one\n```"
+    inputs = ["1", "2", "'a'", *map(str, range(3, env.induction_inputs))]
+    prefix_free = "\n```\n```input\n".join(inputs) + "\n```\n```message\nadds one\n```"
     rng = random.Random(1)
     for text in [prefix_free, *_mutations(prefix_free, rng, 30)]:
         want = bool(re.fullmatch(ind, text))
