@@ -78,23 +78,47 @@ def resolve(mode: str) -> str:
     return mode
 
 
-def worker_bootstrap() -> str:
-    """`python -c` source that runs the zygote with its helper modules preloaded.
+def bootstrap_frames() -> bytes:
+    """What the host writes to a new zygote's stdin before anything else: the helper modules
+    (`PRELOADED`, each then importable under its bare name) and last the worker, one
+    length-prefixed frame each (``name NUL source``); `LOADER` runs them in that order.
 
-    The code travels on the command line, not as a path: the package may live under a folder
-    the sandbox hides (a checkout under /tmp, which is a private tmpfs inside)."""
-    lines = ["import sys, types"]
-    for name in PRELOADED:
-        with open(os.path.join(os.path.dirname(WORKER_SCRIPT), name + ".py")) as f:
-            source = f.read()
-        lines += [f"m = types.ModuleType({name!r})",
-                  f"sys.modules[{name!r}] = m",
-                  f"exec(compile({source!r}, {name + '.py'!r}, 'exec'), m.__dict__)"]
-    with open(WORKER_SCRIPT) as f:
-        worker = f.read()
-    lines += ["del m", f"exec(compile({worker!r}, 'sandbox_worker.py', 'exec'), "
-              "{'__name__': '__main__'})"]
-    return "\n".join(lines) + "\n"
+    The code travels through the pipe, not as a path: the package may live under a folder the
+    sandbox hides (a checkout under /tmp, which is a private tmpfs inside). Not on the command
+    line either: the interpreter keeps several copies of its command line (some as 4-byte wide
+    characters), about 0.9 MiB that every fork would copy and every exit unmap."""
+    frames = []
+    for name in (*PRELOADED, "sandbox_worker"):
+        with open(os.path.join(os.path.dirname(WORKER_SCRIPT), name + ".py"), "rb") as f:
+            body = name.encode() + b"\0" + f.read()
+        frames.append(len(body).to_bytes(4, "big") + body)
+    return b"".join(frames)
+
+
+# The zygote's `python -c` source: compile and run the frames of `bootstrap_frames` from stdin
+# (no buffering: the request frames follow on the same pipe), dropping each source once compiled.
+LOADER = r"""
+import os, sys, types
+def take(n):
+    buf = b""
+    while len(buf) < n:
+        chunk = os.read(0, n - len(buf))
+        if not chunk:
+            raise SystemExit("sandbox bootstrap: stdin ended early")
+        buf += chunk
+    return buf
+while True:
+    name, _, source = take(int.from_bytes(take(4), "big")).partition(b"\0")
+    name = name.decode()
+    code = compile(source, name + ".py", "exec")
+    del source
+    if name == "sandbox_worker":
+        break
+    sys.modules[name] = types.ModuleType(name)
+    exec(code, sys.modules[name].__dict__)
+del take, name, _
+exec(code, {"__name__": "__main__"})
+"""
 
 
 def interpreter() -> str:
@@ -251,8 +275,8 @@ def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]
 
 def zygote_argv(cfg: dict) -> list[str]:
     """The zygote's interpreter command line (no -I/-E: PYTHONHASHSEED must be honoured; the
-    environment is cleared around it)."""
-    return [interpreter(), "-s", "-S", "-B", "-c", worker_bootstrap(), json.dumps(cfg)]
+    environment is cleared around it). Its code follows on stdin: `bootstrap_frames`."""
+    return [interpreter(), "-s", "-S", "-B", "-c", LOADER, json.dumps(cfg)]
 
 
 def spawn_command(mode: str, argv: list[str], *, tmpfs_mb: int = 64, hash_seed: int = 0,
