@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import marshal
 import os
 import shutil
 import subprocess
@@ -81,24 +82,41 @@ def resolve(mode: str) -> str:
 def bootstrap_frames() -> bytes:
     """What the host writes to a new zygote's stdin before anything else: the helper modules
     (`PRELOADED`, each then importable under its bare name) and last the worker, one
-    length-prefixed frame each (``name NUL source``); `LOADER` runs them in that order.
+    length-prefixed frame each (``name NUL marshalled code``); `LOADER` runs them in order.
 
     The code travels through the pipe, not as a path: the package may live under a folder the
     sandbox hides (a checkout under /tmp, which is a private tmpfs inside). Not on the command
     line either: the interpreter keeps several copies of its command line (some as 4-byte wide
-    characters), about 0.9 MiB that every fork would copy and every exit unmap."""
+    characters), about 0.9 MiB that every fork would copy and every exit unmap. And compiled
+    here (the sandbox runs this very interpreter, `interpreter()`): compiling inside would leave
+    the zygote's heap fragmented by the compiler's temporaries, about 0.35 MiB more to copy."""
     frames = []
     for name in (*PRELOADED, "sandbox_worker"):
-        with open(os.path.join(os.path.dirname(WORKER_SCRIPT), name + ".py"), "rb") as f:
-            body = name.encode() + b"\0" + f.read()
+        body = name.encode() + b"\0" + _compiled(os.path.join(os.path.dirname(WORKER_SCRIPT),
+                                                               name + ".py"))
         frames.append(len(body).to_bytes(4, "big") + body)
     return b"".join(frames)
 
 
-# The zygote's `python -c` source: compile and run the frames of `bootstrap_frames` from stdin
-# (no buffering: the request frames follow on the same pipe), dropping each source once compiled.
+_compiled_cache: dict[tuple[str, int, int], bytes] = {}
+
+
+def _compiled(path: str) -> bytes:
+    """The marshalled code object of the module source at `path` (cached per file version)."""
+    st = os.stat(path)
+    key = (path, st.st_mtime_ns, st.st_size)
+    if key not in _compiled_cache:
+        with open(path, "rb") as f:
+            code = compile(f.read(), os.path.basename(path), "exec", dont_inherit=True,
+                           optimize=0)  # the zygote runs without -O
+        _compiled_cache[key] = marshal.dumps(code)
+    return _compiled_cache[key]
+
+
+# The zygote's `python -c` source: run the frames of `bootstrap_frames` from stdin (no
+# buffering: the request frames follow on the same pipe).
 LOADER = r"""
-import os, sys, types
+import marshal, os, sys, types
 def take(n):
     buf = b""
     while len(buf) < n:
@@ -108,10 +126,10 @@ def take(n):
         buf += chunk
     return buf
 while True:
-    name, _, source = take(int.from_bytes(take(4), "big")).partition(b"\0")
+    name, _, data = take(int.from_bytes(take(4), "big")).partition(b"\0")
     name = name.decode()
-    code = compile(source, name + ".py", "exec")
-    del source
+    code = marshal.loads(data)
+    del data
     if name == "sandbox_worker":
         break
     sys.modules[name] = types.ModuleType(name)

@@ -28,13 +28,13 @@ code only ever decides between ok (0) and error (anything else).
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: `signal` would build its enums in every zygote
 import gc
 import io
 import json
 import os
 import resource
 import select
-import signal
 import struct
 import sys
 import time

@@ -1,9 +1,10 @@
 """What the per-run fast path relies on: state the zygote prepares once is fresh in every run,
 output is read only once no process can still write it, and the zygote's code reaches it on
-stdin rather than on its (per-fork copied) command line."""
+stdin, compiled, rather than on its (per-fork copied) command line."""
 
 from __future__ import annotations
 
+import marshal
 import time
 
 from compassplay.verifiers import isolation
@@ -56,8 +57,9 @@ def test_zygote_code_travels_on_stdin_not_on_the_command_line() -> None:
     frames, names = isolation.bootstrap_frames(), []
     while frames:
         size = int.from_bytes(frames[:4], "big")
-        name, _, source = frames[4:4 + size].partition(b"\0")
-        compile(source, name.decode(), "exec")
+        name, _, data = frames[4:4 + size].partition(b"\0")
+        code = marshal.loads(data)
+        assert code.co_filename == name.decode() + ".py"
         names.append(name.decode())
         frames = frames[4 + size:]
     assert names == [*isolation.PRELOADED, "sandbox_worker"]
