@@ -38,6 +38,7 @@ import select
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 try:  # inside the sandbox: preloaded by the bootstrap under their bare names
     import sandbox_child  # type: ignore[import-not-found]
@@ -128,6 +129,9 @@ class Zygote:
         if not self.state.fresh:
             raise SystemExit(f"cannot prepare the sandbox's scratch space under {roots}")
         self.healthy = True
+        # Called before anything that may take long (a run past the fast wait, a wipe, a sweep
+        # of leftovers): `main` makes it send the replies held back for a batch.
+        self.before_long_wait: Callable[[], None] = lambda: None
         self._touched = False  # whether the last run touched the scratch space (`Scratch.touched`)
         gc.collect()
         gc.freeze()  # the child's collections never walk (and copy) the zygote's pages
@@ -159,6 +163,8 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
         duration = time.monotonic() - start
+        if self._touched:
+            self.before_long_wait()  # the wipe may take up to `wipe_budget_s`
         self.healthy = self.state.reset(self._touched)
         head = REPLY_HEAD.pack(STATUSES.index(status), exit_code is not None,
                                exit_code or 0, duration, cpu_s, peak_kb / 1024, len(out), len(err))
@@ -169,6 +175,8 @@ class Zygote:
         pidfd = os.pidfd_open(pid)
         try:
             reaped = self._fast_wait(pidfd, pid, timeout)
+            if reaped is None:
+                self.before_long_wait()  # replies held for a batch go out now
             if reaped is not None and self.isolated:
                 # Every process of the sandbox is gone (`_sweep`): the pipes hold all the output
                 # there will ever be, so read them to the end without waiting on them.
@@ -290,7 +298,7 @@ class Zygote:
         """Kill every process left in the sandbox (or the child's group when not isolated)."""
         if not reaped:
             _kill_quiet(pid)
-        for _ in range(10000):
+        for n in range(10000):
             try:
                 if self.isolated:
                     os.kill(-1, signal.SIGKILL)  # as pid 1: everything here but us
@@ -302,6 +310,8 @@ class Zygote:
             children = _reap_all()
             if not alive and not children:
                 return
+            if n == 0:
+                self.before_long_wait()  # leftovers: reaping them all may take a while
             if children:
                 time.sleep(0.0005)
 
@@ -391,18 +401,22 @@ def main() -> None:
     zygote = Zygote(cfg)
     proto = sandbox_proto
     proto.write_all(out_fd, proto.frame(b"H" + HELLO.pack(os.getpid(), zygote.uid)))
-    while True:
-        body = proto.read_frame(in_fd)
-        if body is None or body[:1] == b"X":
-            return
-        if body[:1] == b"R":
-            if not zygote.healthy:  # an earlier run left state we could not restore
-                proto.write_all(out_fd, proto.frame(RETIRE))
+    channel = proto.Channel(in_fd, out_fd)
+    zygote.before_long_wait = channel.flush
+    try:
+        while True:
+            body = channel.request()
+            if body is None or body[:1] == b"X":
                 return
-            proto.write_all(out_fd, zygote.run(body))
-        else:
-            proto.write_all(out_fd, proto.frame(b"?"))
-
+            if body[:1] == b"R":
+                if not zygote.healthy:  # an earlier run left state we could not restore
+                    channel.reply(proto.frame(RETIRE))
+                    return
+                channel.reply(zygote.run(body))
+            else:
+                channel.reply(proto.frame(b"?"))
+    finally:
+        channel.flush()
 
 if __name__ == "__main__":
     main()

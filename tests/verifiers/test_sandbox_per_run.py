@@ -1,13 +1,16 @@
 """What the per-run fast path relies on: state the zygote prepares once is fresh in every run,
-output is read only once no process can still write it, and the zygote's code reaches it on
-stdin, compiled, rather than on its (per-fork copied) command line."""
+output is read only once no process can still write it, replies batched for the host are never
+held back behind a long run, and the zygote's code reaches it on stdin, compiled, rather than
+on its (per-fork copied) command line."""
 
 from __future__ import annotations
 
 import marshal
+import os
+import threading
 import time
 
-from compassplay.verifiers import isolation
+from compassplay.verifiers import isolation, sandbox_proto
 from compassplay.verifiers.python_sandbox import PythonSandbox
 from tests.verifiers.sandbox_helpers import leftovers
 
@@ -63,3 +66,56 @@ def test_zygote_code_travels_on_stdin_not_on_the_command_line() -> None:
         names.append(name.decode())
         frames = frames[4 + size:]
     assert names == [*isolation.PRELOADED, "sandbox_worker"]
+
+
+def _frame(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def _readable(fd: int) -> bytes:
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1 << 16)
+    except BlockingIOError:
+        return b""
+
+
+def test_channel_batches_replies_and_never_holds_them_while_it_would_block() -> None:
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    ch = sandbox_proto.Channel(in_r, out_w, max_held=3)
+    big = b"R" + b"x" * 200_000  # more than one read
+    os.write(in_w, _frame(b"R1") + _frame(b"R2") + _frame(big)[:3])  # a header cut short
+    assert ch.request() == b"R1"
+    ch.reply(_frame(b"a"))
+    assert ch.request() == b"R2"  # buffered: the reply to R1 is still held
+    ch.reply(_frame(b"b"))
+    assert _readable(out_r) == b""
+    writer = threading.Thread(target=os.write, args=(in_w, _frame(big)[3:]))
+    writer.start()
+    assert ch.request() == big  # it had to wait for input: both replies went out first
+    writer.join()
+    assert _readable(out_r) == _frame(b"a") + _frame(b"b")
+    for body in (b"c", b"d", b"e"):
+        ch.reply(_frame(body))
+    assert _readable(out_r) == _frame(b"c") + _frame(b"d") + _frame(b"e")  # max_held reached
+    ch.reply(_frame(b"f"))
+    ch.flush()
+    assert _readable(out_r) == _frame(b"f")
+    os.close(in_w)
+    assert ch.request() is None
+    for fd in (in_r, out_r, out_w):
+        os.close(fd)
+
+
+def test_a_long_run_does_not_hold_back_the_replies_before_it(sandbox: PythonSandbox) -> None:
+    sandbox.run("print(0)")
+    handle = sandbox._handles()[0]  # idle between calls: nothing else talks to it
+    handle.send(b"print(1)", 1.5, 256, 4096)
+    handle.send(b"import time\ntime.sleep(1.2)\nprint(2)", 1.5, 256, 4096)
+    t0 = time.monotonic()
+    first = handle.recv(t0 + 0.8)  # the slow run is still going: the fast reply came anyway
+    assert (first.status, first.stdout) == ("ok", b"1\n")
+    assert time.monotonic() - t0 < 0.8
+    second = handle.recv(t0 + 5.0)
+    assert (second.status, second.stdout) == ("ok", b"2\n")
