@@ -123,6 +123,14 @@ class Zygote:
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
         self.socket_bytes = 2 * _read_int("/proc/sys/net/core/wmem_default", 212992)
         self._poller = select.poll()
+        self._clean = True  # no process here but the zygote (see `_alone_with`)
+        self._last_pid_fd = -1
+        if self.isolated:  # this pid namespace's last handed-out pid
+            try:
+                self._last_pid_fd = os.open("/proc/sys/kernel/ns_last_pid",
+                                            os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
         self.state = sandbox_scratch.Scratch(
             roots, self.uid if self.setuid else None, self.gid, count_bytes=self.isolated,
             wipe_budget_s=float(cfg.get("wipe_budget_s", sandbox_scratch.WIPE_BUDGET_S)))
@@ -231,9 +239,19 @@ class Zygote:
                 return None
         finally:
             poller.unregister(pidfd)
+        alone = self._alone_with(pid)
         reaped = os.wait4(pid, 0)
-        self._sweep(pid, reaped=True)
+        if not alone:
+            self._sweep(pid, reaped=True)
         return reaped
+
+    def _alone_with(self, pid: int) -> bool:
+        """True when nothing but this zygote and `pid` (ended, not yet reaped) is in the
+        sandbox, so there is nothing to sweep: the last sweep left it empty and no pid was
+        handed out since `pid`'s (any fork or thread since would show in ns_last_pid; `pid` is
+        still held, so its number cannot have come round again). Isolated mode only."""
+        return (self._clean and self._last_pid_fd >= 0
+                and os.pread(self._last_pid_fd, 16, 0) == b"%d\n" % pid)
 
     def _watch(self, pid: int, pidfd: int, reaped: tuple | None, timeout: float, mem_cap: int,
                limit: int, out_r: int, err_r: int, start: float) -> tuple:
@@ -309,7 +327,9 @@ class Zygote:
                 alive = False
             children = _reap_all()
             if not alive and not children:
+                self._clean = True
                 return
+            self._clean = False
             if n == 0:
                 self.before_long_wait()  # leftovers: reaping them all may take a while
             if children:
