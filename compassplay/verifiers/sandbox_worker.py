@@ -335,6 +335,7 @@ class Zygote:
             if children:
                 time.sleep(0.0005)
 
+
 def _drain(fd: int, most: int) -> bytes:
     """Up to `most` bytes from a pipe that no process can write to any more (at its end)."""
     data = b""
@@ -437,6 +438,7 @@ def main() -> None:
                 channel.reply(proto.frame(b"?"))
     finally:
         channel.flush()
+
 
 if __name__ == "__main__":
     main()
