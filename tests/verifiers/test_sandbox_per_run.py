@@ -54,6 +54,20 @@ def test_leftover_holding_stdout_is_killed_before_the_output_is_read(
     assert leftovers(sandbox) == []
 
 
+
+def test_programs_cannot_forge_the_last_pid_the_sweep_relies_on(sandbox: PythonSandbox) -> None:
+    """The zygote skips its sweep only while ns_last_pid is the run's own pid: a program that
+    could write it could hide a leftover process."""
+    code = ("import os, time\n"
+            "if os.fork() == 0:\n    time.sleep(30)\n    os._exit(0)\n"
+            "for value in (b'%d' % os.getpid(), b'2'):\n"
+            "    try:\n        fd = os.open('/proc/sys/kernel/ns_last_pid', os.O_WRONLY)\n"
+            "        os.write(fd, value)\n        print('wrote')\n"
+            "    except OSError as exc:\n        print('refused', exc.errno)\n")
+    r = sandbox.run(code)
+    assert (r.status, r.stdout) == ("ok", "refused 1\nrefused 1\n"), r
+    assert leftovers(sandbox) == []  # the leftover was swept all the same
+
 def test_zygote_code_travels_on_stdin_not_on_the_command_line() -> None:
     argv = isolation.zygote_argv({"isolated": True})
     assert sum(len(a) for a in argv) < 4096  # the loader only: no module source in argv
