@@ -1,5 +1,5 @@
 """The writable places of one sandbox, made fresh for every run (stdlib only; loaded inside the
-sandbox by the bootstrap, see `isolation.worker_bootstrap`).
+sandbox by the bootstrap, see `isolation.bootstrap_frames`).
 
 Inside a sandbox the only writable places are the tmpfs mounts `/tmp` and `/dev/shm` (the
 "roots"). After every run `Scratch.reset` checks whether the run touched them: the scratch
@@ -63,11 +63,11 @@ class Scratch:
         except OSError:
             return True
 
-    def reset(self) -> bool:
+    def reset(self, touched: bool | None = None) -> bool:
         """Empty the roots, restore their attributes, create a fresh scratch dir (nothing to do
-        when the run touched none of it); False if any of it fails or takes longer than
-        `wipe_budget_s`."""
-        if not self.touched():
+        when the run touched none of it: `touched`, or `touched()` when None); False if any of
+        it fails or takes longer than `wipe_budget_s`."""
+        if not (self.touched() if touched is None else touched):
             return True
         self._sigs = None
         try:
@@ -109,9 +109,10 @@ class Scratch:
                       + (st.f_files - st.f_ffree) * INODE_BYTES)
         return total
 
-    def held_bytes(self) -> int:
-        """Bytes the current run holds in the roots beyond their empty state (0 if not counted)."""
-        if not self.count_bytes or not self.touched():
+    def held_bytes(self, touched: bool | None = None) -> int:
+        """Bytes the current run holds in the roots beyond their empty state (0 if not counted;
+        `touched` as for `reset`)."""
+        if not self.count_bytes or not (self.touched() if touched is None else touched):
             return 0
         try:
             return max(0, self._used() - self._base)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import platform
+import os
 import struct
 
 _LD_W_ABS = 0x20
@@ -144,12 +144,12 @@ def _all_equal(checks: tuple[tuple[int, int], ...], err: int) -> list[bytes]:
 
 def supported() -> bool:
     """True when a filter can be built for this machine's architecture."""
-    return platform.machine() in _ARCHES
+    return os.uname().machine in _ARCHES
 
 
 def build_filter(machine: str | None = None) -> bytes:
     """The raw BPF program (a sequence of struct sock_filter) for `machine` (default: this one)."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine  # (what platform.machine() returns)
     if machine not in _ARCHES:
         raise ValueError(f"no seccomp filter for architecture {machine!r} "
                          f"(known: {', '.join(sorted(_ARCHES))})")

@@ -1,9 +1,9 @@
-"""Zygote server that runs *inside* one sandbox (stdlib only; its source travels on the command line).
+"""Zygote server that runs *inside* one sandbox (stdlib only; its source reaches it on stdin).
 
 Protocol: `sandbox_proto` (binary length-prefixed frames on stdin/stdout, pipelined). The
 forked child's side (lock-down, then the program) is `sandbox_child`, the per-run fresh state
 `sandbox_scratch`; the bootstrap preloads them, and `sandbox_seccomp`, under their bare names
-(see `isolation.worker_bootstrap`).
+(see `isolation.bootstrap_frames`).
 
 The zygote is pid 1 of the sandbox's pid namespace (so a program can signal it only where the
 kernel drops the signal), non-dumpable, and already under the seccomp filter and the programs'
@@ -28,16 +28,17 @@ code only ever decides between ok (0) and error (anything else).
 
 from __future__ import annotations
 
+import _signal as signal  # the C module: `signal` would build its enums in every zygote
 import gc
 import io
 import json
 import os
 import resource
 import select
-import signal
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 try:  # inside the sandbox: preloaded by the bootstrap under their bare names
     import sandbox_child  # type: ignore[import-not-found]
@@ -49,6 +50,8 @@ except ImportError:  # imported on the host
 STATUSES = sandbox_proto.STATUSES
 REQ_HEAD = sandbox_proto.REQ_HEAD
 REPLY_HEAD = sandbox_proto.REPLY_HEAD
+LENGTH = sandbox_proto.LENGTH
+CODE_AT = 1 + REQ_HEAD.size  # a request's program source starts here
 HELLO = sandbox_proto.HELLO
 RETIRE = sandbox_proto.RETIRE
 ROOTS = ("/tmp", "/dev/shm")  # the sandbox's only writable places (scratch is /tmp/work)
@@ -103,24 +106,41 @@ class Zygote:
         if cfg.get("seccomp"):
             sandbox_seccomp = sys.modules["sandbox_seccomp"]  # preloaded by the bootstrap
             sandbox_seccomp.install(sandbox_seccomp.build_filter())  # inherited by every run
+        os.umask(0o077)  # the programs' umask, inherited (the zygote only makes 0700 dirs)
+        if self.setuid:
+            os.setgroups([])  # no supplementary groups here, so none in any run
         # stdio objects built once on fds 0-2 (/dev/null here; the run's pipes in the child)
-        self.stdio = (
+        stdio = (
             io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),
             io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
                              errors="backslashreplace"),
             io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
                              errors="backslashreplace", line_buffering=True),
         )
-        sandbox_child.warm_up(self.stdio)  # before the freeze: ~15 fewer child page faults a run
+        sandbox_child.warm_up(stdio)  # before the freeze: ~15 fewer child page faults a run
+        self.main = sandbox_child.prepare(stdio)  # the programs' stdio, argv and __main__
+        self.child_uid = self.uid if self.setuid else None
         self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
         self.socket_bytes = 2 * _read_int("/proc/sys/net/core/wmem_default", 212992)
         self._poller = select.poll()
+        self._clean = True  # no process here but the zygote (see `_alone_with`)
+        self._last_pid_fd = -1
+        if self.isolated:  # this pid namespace's last handed-out pid
+            try:
+                self._last_pid_fd = os.open("/proc/sys/kernel/ns_last_pid",
+                                            os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
         self.state = sandbox_scratch.Scratch(
             roots, self.uid if self.setuid else None, self.gid, count_bytes=self.isolated,
             wipe_budget_s=float(cfg.get("wipe_budget_s", sandbox_scratch.WIPE_BUDGET_S)))
         if not self.state.fresh:
             raise SystemExit(f"cannot prepare the sandbox's scratch space under {roots}")
         self.healthy = True
+        # Called before anything that may take long (a run past the fast wait, a wipe, a sweep
+        # of leftovers): `main` makes it send the replies held back for a batch.
+        self.before_long_wait: Callable[[], None] = lambda: None
+        self._touched = False  # whether the last run touched the scratch space (`Scratch.touched`)
         gc.collect()
         gc.freeze()  # the child's collections never walk (and copy) the zygote's pages
         try:  # hand freed heap back: fewer resident pages for every fork to map and copy
@@ -130,15 +150,15 @@ class Zygote:
 
     # ---------------------------------------------------------------- parent side
     def run(self, body: bytes) -> bytes:
+        """Run the request `body`; the reply frame (length prefix included)."""
         timeout, mem_mb, limit = REQ_HEAD.unpack_from(body, 1)
-        code = body[1 + REQ_HEAD.size:]
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
-            sandbox_child.child_main(code, timeout, mem_mb, out_w, err_w, self.scratch,
-                                     self.uid if self.setuid else None, self.gid, self.stdio)
+            sandbox_child.child_main(body[CODE_AT:], timeout, mem_mb, out_w, err_w,
+                                     self.scratch, self.child_uid, self.gid, self.main)
         os.close(out_w)
         os.close(err_w)
         try:
@@ -151,66 +171,30 @@ class Zygote:
             os.close(out_r)
             os.close(err_r)
         duration = time.monotonic() - start
-        self.healthy = self.state.reset()
+        if self._touched:
+            self.before_long_wait()  # the wipe may take up to `wipe_budget_s`
+        self.healthy = self.state.reset(self._touched)
         head = REPLY_HEAD.pack(STATUSES.index(status), exit_code is not None,
                                exit_code or 0, duration, cpu_s, peak_kb / 1024, len(out), len(err))
-        return head + out + err
+        return b"".join((LENGTH.pack(len(head) + len(out) + len(err)), head, out, err))
 
     def _supervise(self, pid: int, timeout: float, mem_cap: int, limit: int, out_r: int,
                    err_r: int, start: float) -> tuple:
-        deadline = start + timeout
-        out, err = bytearray(), bytearray()
         pidfd = os.pidfd_open(pid)
-        poller = self._poller
-        open_fds = 2
-        verdict: str | None = None
-        reaped = None
-        next_mem_check = start + 2 * WATCHDOG_EVERY_S
         try:
-            # Fast path: most programs end within a few ms. Sleep on the pidfd alone, so the
-            # zygote wakes once per run (not per output chunk) and writes none of its pages
-            # (copy-on-write faults while the child still shares them). Output beyond the pipe
-            # buffer waits for the full loop below.
-            poller.register(pidfd, select.POLLIN)
-            if poller.poll(min(FAST_WAIT_MS, int(timeout * 1000))):
-                reaped = os.wait4(pid, 0)
-                poller.unregister(pidfd)
-                self._sweep(pid, reaped=True)  # leftovers may hold the pipes open
-            for fd in (out_r, err_r):
-                poller.register(fd, select.POLLIN)
-            while reaped is None or open_fds:
-                now = time.monotonic()
-                if now >= deadline:
-                    verdict = "timeout"
-                    break
-                wait_s = min(deadline, next_mem_check) - now if self.isolated else deadline - now
-                for fd, _ in poller.poll(max(0, int(wait_s * 1000) + 1)):
-                    if fd == pidfd:
-                        reaped = os.wait4(pid, 0)
-                        poller.unregister(pidfd)
-                        self._sweep(pid, reaped=True)  # leftovers may hold the pipes open
-                        continue
-                    chunk = os.read(fd, 65536)
-                    if not chunk:
-                        poller.unregister(fd)
-                        open_fds -= 1
-                        continue
-                    (out if fd == out_r else err).extend(chunk)
-                    if len(out) + len(err) > limit:
-                        verdict = "output_limit"
-                if verdict is not None:
-                    break
-                if self.isolated and reaped is None and now >= next_mem_check:
-                    next_mem_check = now + WATCHDOG_EVERY_S
-                    if self._run_memory() + self.state.held_bytes() > mem_cap:
-                        verdict = "memory"
-                        break
+            reaped = self._fast_wait(pidfd, pid, timeout)
+            if reaped is None:
+                self.before_long_wait()  # replies held for a batch go out now
+            if reaped is not None and self.isolated:
+                # Every process of the sandbox is gone (`_sweep`): the pipes hold all the output
+                # there will ever be, so read them to the end without waiting on them.
+                out = _drain(out_r, limit + 1)
+                err = _drain(err_r, limit + 1 - len(out))
+                verdict = "output_limit" if len(out) + len(err) > limit else None
+            else:
+                reaped, verdict, out, err = self._watch(pid, pidfd, reaped, timeout, mem_cap,
+                                                        limit, out_r, err_r, start)
         finally:
-            for fd in (out_r, err_r, pidfd):
-                try:
-                    poller.unregister(fd)
-                except KeyError:
-                    pass
             os.close(pidfd)
         if reaped is None:
             self._sweep(pid)
@@ -218,16 +202,17 @@ class Zygote:
                 reaped = os.wait4(pid, 0)
             except ChildProcessError:
                 reaped = (pid, 0, None)
+        self._touched = self.state.touched()  # (nothing runs that could still touch it)
         _, wstatus, usage = reaped
         cpu_s = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
         peak_kb = usage.ru_maxrss if usage is not None else 0
         if verdict == "output_limit":
-            del out[limit:]
-            del err[max(0, limit - len(out)):]
+            out = out[:limit]
+            err = err[:max(0, limit - len(out))]
         exit_code: int | None = None
         if verdict is None:  # the program ended on its own: the kernel says how
             exit_code = os.waitstatus_to_exitcode(wstatus)
-            if peak_kb * 1024 + self.state.held_bytes() > mem_cap:
+            if peak_kb * 1024 + self.state.held_bytes(self._touched) > mem_cap:
                 verdict = "memory"  # its peak RSS and the tmpfs files it left exceed the limit
             elif exit_code == 0:
                 verdict = "ok"
@@ -240,6 +225,80 @@ class Zygote:
             else:
                 verdict = "killed"
         return verdict, exit_code, cpu_s, peak_kb, bytes(out), bytes(err)
+
+    def _fast_wait(self, pidfd: int, pid: int, timeout: float) -> tuple | None:
+        """Most programs end within a few ms: sleep on the pidfd alone, so the zygote wakes
+        once per run (not per output chunk) and writes none of its pages (copy-on-write faults
+        while the child still shares them). The child's wait4 result once it has ended (every
+        process left in the sandbox then killed and reaped: they may hold the pipes open),
+        else None (output beyond the pipe buffer waits for `_watch`)."""
+        poller = self._poller
+        poller.register(pidfd, select.POLLIN)
+        try:
+            if not poller.poll(min(FAST_WAIT_MS, int(timeout * 1000))):
+                return None
+        finally:
+            poller.unregister(pidfd)
+        alone = self._alone_with(pid)
+        reaped = os.wait4(pid, 0)
+        if not alone:
+            self._sweep(pid, reaped=True)
+        return reaped
+
+    def _alone_with(self, pid: int) -> bool:
+        """True when nothing but this zygote and `pid` (ended, not yet reaped) is in the
+        sandbox, so there is nothing to sweep: the last sweep left it empty and no pid was
+        handed out since `pid`'s (any fork or thread since would show in ns_last_pid; `pid` is
+        still held, so its number cannot have come round again). Isolated mode only."""
+        return (self._clean and self._last_pid_fd >= 0
+                and os.pread(self._last_pid_fd, 16, 0) == b"%d\n" % pid)
+
+    def _watch(self, pid: int, pidfd: int, reaped: tuple | None, timeout: float, mem_cap: int,
+               limit: int, out_r: int, err_r: int, start: float) -> tuple:
+        """Read the output as it comes until the child has ended and both pipes are closed,
+        or until the deadline, output limit or memory watchdog decides: (wait4 result or None,
+        verdict or None, stdout, stderr)."""
+        deadline = start + timeout
+        out, err = bytearray(), bytearray()
+        poller = self._poller
+        watched = {out_r, err_r} if reaped is not None else {pidfd, out_r, err_r}
+        verdict: str | None = None
+        next_mem_check = start + 2 * WATCHDOG_EVERY_S
+        for fd in watched:
+            poller.register(fd, select.POLLIN)
+        try:
+            while reaped is None or watched:  # (pidfd leaves `watched` once reaped)
+                now = time.monotonic()
+                if now >= deadline:
+                    verdict = "timeout"
+                    break
+                wait_s = min(deadline, next_mem_check) - now if self.isolated else deadline - now
+                for fd, _ in poller.poll(max(0, int(wait_s * 1000) + 1)):
+                    if fd == pidfd:
+                        reaped = os.wait4(pid, 0)
+                        poller.unregister(pidfd)
+                        watched.discard(pidfd)
+                        self._sweep(pid, reaped=True)  # leftovers may hold the pipes open
+                        continue
+                    chunk = os.read(fd, 65536)
+                    if not chunk:
+                        poller.unregister(fd)
+                        watched.discard(fd)
+                        continue
+                    (out if fd == out_r else err).extend(chunk)
+                    if len(out) + len(err) > limit:
+                        verdict = "output_limit"
+                if verdict is not None:
+                    break
+                if self.isolated and reaped is None and now >= next_mem_check:
+                    next_mem_check = now + WATCHDOG_EVERY_S
+                    if self._run_memory() + self.state.held_bytes() > mem_cap:
+                        verdict = "memory"
+                        break
+        finally:
+            for fd in watched:
+                poller.unregister(fd)
+        return reaped, verdict, out, err
 
     def _run_memory(self) -> int:
         """Bytes the run added: anonymous and shared RSS of every process here beyond the
@@ -257,7 +316,7 @@ class Zygote:
         """Kill every process left in the sandbox (or the child's group when not isolated)."""
         if not reaped:
             _kill_quiet(pid)
-        for _ in range(10000):
+        for n in range(10000):
             try:
                 if self.isolated:
                     os.kill(-1, signal.SIGKILL)  # as pid 1: everything here but us
@@ -268,9 +327,25 @@ class Zygote:
                 alive = False
             children = _reap_all()
             if not alive and not children:
+                self._clean = True
                 return
+            self._clean = False
+            if n == 0:
+                self.before_long_wait()  # leftovers: reaping them all may take a while
             if children:
                 time.sleep(0.0005)
+
+
+def _drain(fd: int, most: int) -> bytes:
+    """Up to `most` bytes from a pipe that no process can write to any more (at its end)."""
+    data = b""
+    while len(data) < most:
+        chunk = os.read(fd, 65536)
+        data += chunk
+        if len(chunk) < 65536:  # a pipe read returns all it holds: short means empty, and no
+            break               # writer is left, so nothing more will come
+    return data
+
 
 def _kill_quiet(pid: int) -> None:
     try:
@@ -347,17 +422,22 @@ def main() -> None:
     zygote = Zygote(cfg)
     proto = sandbox_proto
     proto.write_all(out_fd, proto.frame(b"H" + HELLO.pack(os.getpid(), zygote.uid)))
-    while True:
-        body = proto.read_frame(in_fd)
-        if body is None or body[:1] == b"X":
-            return
-        if body[:1] == b"R":
-            if not zygote.healthy:  # an earlier run left state we could not restore
-                proto.write_all(out_fd, proto.frame(RETIRE))
+    channel = proto.Channel(in_fd, out_fd)
+    zygote.before_long_wait = channel.flush
+    try:
+        while True:
+            body = channel.request()
+            if body is None or body[:1] == b"X":
                 return
-            proto.write_all(out_fd, proto.frame(zygote.run(body)))
-        else:
-            proto.write_all(out_fd, proto.frame(b"?"))
+            if body[:1] == b"R":
+                if not zygote.healthy:  # an earlier run left state we could not restore
+                    channel.reply(proto.frame(RETIRE))
+                    return
+                channel.reply(zygote.run(body))
+            else:
+                channel.reply(proto.frame(b"?"))
+    finally:
+        channel.flush()
 
 
 if __name__ == "__main__":

@@ -79,8 +79,9 @@ class WorkerHandle:
         except OSError:
             pass
         try:
+            _write_all(self._in, isolation.bootstrap_frames())
             hello = self._read_frame(time.monotonic() + start_timeout_s, 4096)
-        except WorkerDied as exc:
+        except (WorkerDied, OSError) as exc:
             detail = self._stderr_tail()
             self.kill()
             raise WorkerDied(f"sandbox worker failed to start: {exc}; {detail}") from None
@@ -107,9 +108,7 @@ class WorkerHandle:
         body = b"R" + REQ_HEAD.pack(timeout_s, memory_mb, max_output_bytes) + code
         data = struct.pack(">I", len(body)) + body
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._in, view):]
+            _write_all(self._in, data)
         except OSError as exc:
             self.kill()
             raise WorkerDied(f"write failed: {exc}") from None
@@ -206,3 +205,9 @@ class WorkerHandle:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
