@@ -7,12 +7,14 @@ Config errors exit with code 2 and a message naming the file and field (no trace
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import logging
 import sys
 from pathlib import Path
 
+from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
 from compassplay.run.interrupt import EXIT_CODE
@@ -204,9 +206,11 @@ def _summary_text(run_dir: Path) -> str:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    mod = importlib.import_module(f"compassplay.bench.{args.bench}")
-    result = mod.run(args)
-    if getattr(args, "json", False):
+    as_json = getattr(args, "json", False)
+    with stdout_to_stderr() if as_json else contextlib.nullcontext():
+        mod = importlib.import_module(f"compassplay.bench.{args.bench}")
+        result = mod.run(args)
+    if as_json:
         print(json.dumps(result))
     else:
         for k, v in result.items():

@@ -14,6 +14,7 @@ precedes the median of `--reps` timed calls. vLLM's engine start is not timed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 
 import torch
 
+from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, ModelSection
 from compassplay.engines.base import GenerationEngine, SamplingParams
 
@@ -115,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     add_arguments(parser)
     args = parser.parse_args(argv)
     try:
-        out = run(args)
+        with stdout_to_stderr() if args.json else contextlib.nullcontext():
+            out = run(args)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
