@@ -108,10 +108,6 @@ class RunConfig(Section):
                 raise ValueError("learner.weight_sync=ipc: needs learner.num_ranks=1 (the "
                                  "engines map one GPU's weights; use learner.weight_sync=nccl "
                                  "with a learner group)")
-        if vllm and self.bootstrap.enabled:
-            raise ValueError(f"bootstrap.enabled: the format bootstrap's weights are not "
-                             f"loaded into vLLM engines ({', '.join(vllm)}.engine=vllm); "
-                             "bootstrap a checkpoint first and point model.name_or_path at it")
         for r in ("proposer", "solver"):
             sec = getattr(self, r)
             if sec.engine != "vllm" and (sec.tensor_parallel_size != 1

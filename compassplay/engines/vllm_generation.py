@@ -59,6 +59,7 @@ from compassplay.engines.template_regex import template_regex
 from compassplay.engines.vllm_support import (  # noqa: F401 - re-exported
     VLLM_PIN,
     buckets,
+    cpu_scheduler_kwargs,
     finish_of,
     import_vllm,
     structured_outputs_of,
@@ -101,8 +102,9 @@ class VLLMGenerationEngine(GenerationEngine):
             structured_outputs_cls, backend, self._no_structured = structured_outputs_of()
             if backend:
                 llm_kwargs.setdefault("structured_outputs_config", {"backend": backend})
-            if not kv_cache_bytes and device == "cpu":
-                kv_cache_bytes = CPU_KV_CACHE_BYTES  # not a fraction of the machine's RAM
+            if device == "cpu":
+                llm_kwargs.update(cpu_scheduler_kwargs(str(model), llm_kwargs, role))
+                kv_cache_bytes = kv_cache_bytes or CPU_KV_CACHE_BYTES  # not a share of RAM
             if kv_cache_bytes:
                 llm_kwargs["kv_cache_memory_bytes"] = int(kv_cache_bytes)
             llm = vllm.LLM(model=str(model), dtype=dtype, seed=seed,

@@ -4,7 +4,9 @@ structured-outputs API, the device it runs on, weight buckets for an RPC, finish
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,6 +14,7 @@ import torch
 from compassplay.config import ConfigError
 
 VLLM_PIN = "0.32"  # the minor version that ran (Makefile, pyproject extras)
+CPU_BATCHED_TOKENS = 4096  # vLLM's own default token budget per step on CPU
 
 
 def import_vllm() -> Any:
@@ -45,6 +48,31 @@ def vllm_device() -> str:
     from vllm.platforms import current_platform
 
     return "cpu" if current_platform.is_cpu() else "cuda"
+
+
+def cpu_scheduler_kwargs(model: str, llm_kwargs: dict[str, Any], role: str) -> dict[str, Any]:
+    """vLLM arguments that keep a seeded request alive on vLLM's CPU platform.
+
+    When one step's prompts exceed the token budget, vLLM splits the last prompt's prefill
+    (chunked prefill) and rewinds that request's sampling generator with
+    `Generator.set_offset`, which only CUDA generators have: on CPU the engine dies ("CPU
+    Generator does not use offset"; seen with 16 seeded 512-token prompts). On CPU chunked
+    prefill is therefore off, and the per-step budget (tokens) covers the longest prompt
+    (`max_model_len`, else the model's `max_position_embeddings`), as vLLM's CPU platform
+    does itself for MLA models."""
+    max_len = llm_kwargs.get("max_model_len")
+    if max_len is None:
+        try:
+            config = json.loads((Path(model) / "config.json").read_text())
+            max_len = int(config["max_position_embeddings"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(
+                f"{role}.max_model_len: set it for vLLM on CPU (the token budget per step "
+                f"must cover the longest prompt; {model}/config.json gives no "
+                f"max_position_embeddings: {type(exc).__name__}: {exc})") from exc
+    budget = max(int(llm_kwargs.get("max_num_batched_tokens") or CPU_BATCHED_TOKENS),
+                 int(max_len))
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": budget}
 
 
 def buckets(state: dict[str, torch.Tensor], bucket_bytes: int

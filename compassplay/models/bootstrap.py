@@ -200,6 +200,13 @@ def _untie(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
+def bootstrap_weights(cfg: RunConfig, tok) -> dict[str, torch.Tensor] | None:
+    """The bootstrapped state dict (HF names; built now if missing), None when disabled: what
+    a vLLM role loads into its engine in place, since vLLM starts from the base model."""
+    entry = prepare_bootstrap(cfg, None, tok)
+    return None if entry is None else load_file(str(entry / WEIGHTS))
+
+
 def load_policy(cfg: RunConfig) -> tuple[torch.nn.Module, object]:
     """`load_model(cfg.model)`, with the bootstrap's weights when `bootstrap.enabled`."""
     model, tok = load_model(cfg.model, seed=cfg.run.seed)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from compassplay.config import RunConfig, SamplingSection
 from compassplay.engines.vllm_generation import VLLMGenerationEngine
-from compassplay.models.bootstrap import load_policy
+from compassplay.models.bootstrap import bootstrap_weights, load_policy
 from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import (
@@ -42,6 +42,10 @@ class _GeneratorWorker(Versioned):
         else:
             model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
         self.engine = make_generator(cfg, section, model, self.tok, role_device(cfg, role))
+        if self.vllm:
+            boot = bootstrap_weights(cfg, self.tok)  # vLLM loaded the base model
+            if boot is not None:
+                self.engine.load_weights(boot, 0)
         self.env = make_env(cfg, None)
 
     @property

