@@ -30,7 +30,7 @@ def test_solver_actor_takes_an_object_store_update_into_vllm(tmp_path):
     cfg = load_config("default_vllm", [
         f"model.cache_dir={cache}", "model.dtype=float32", "solver.n_samples=2",
         "solver.max_new_tokens=8", "solver.kv_cache_mb=32", "solver.max_model_len=512",
-        "task.types=[deduction]"])
+        "task.types=[deduction]", "bootstrap.enabled=false"])  # no 3-minute SFT here
     model_dir = prepare_smollm2(cache)
     from transformers import AutoModelForCausalLM
 
