@@ -17,6 +17,7 @@ import re
 from compassplay.verifiers.lean_messages import declaration_header
 
 IDENT = r"[^\W\d][\w'!?]*"
+_DECLARES = re.compile(r"\b(theorem|lemma)\b")
 _FENCE = re.compile(r"```[ \t]*(lean4?|)[ \t]*\n(.*?)(?:```|\Z)", re.S)
 _GROUP = re.compile(rf"[(\{{\[⦃]\s*((?:{IDENT}\s+)*{IDENT})\s*:(?!=)")
 _QUANT = re.compile(rf"(?:∀|∃!?|\bfun\b|λ|∑|∏)\s*((?:{IDENT}\s*)+?)\s*(?=[,:]|=>|↦|∈|\bin\b)")
@@ -36,13 +37,16 @@ def banned_word(code: str) -> str:
 
 
 def lean_block(text: str) -> tuple[str, str]:
-    """(code, '') from the first ```lean block of `text` (or the whole text when it has no
-    fence but declares a theorem); ('', reason) otherwise."""
-    m = _FENCE.search(text)
-    if m is not None:
-        body = m.group(2)
-        return (body, "") if body.strip() else ("", "empty_block")
-    if re.search(r"\b(theorem|lemma)\b", text):
+    """(code, '') from the reply's final answer: the last ```lean block that declares a theorem
+    or lemma, else the last non-empty one (provers such as DeepSeek-Prover-V2 write a plan with
+    code snippets first and the whole proof last); the whole text when it has no fence but
+    declares a theorem; ('', reason) otherwise."""
+    bodies = [m.group(2) for m in _FENCE.finditer(text)]
+    if bodies:
+        declaring = [b for b in bodies if _DECLARES.search(b)]
+        filled = [b for b in bodies if b.strip()]
+        return (declaring or filled or [""])[-1], "" if filled else "empty_block"
+    if _DECLARES.search(text):
         return text, ""
     return "", "no_lean_block"
 

@@ -92,6 +92,22 @@ def test_prompts_and_parse(env, pool):
     assert "do not change the statement" in env.solver_prompt(ok)
 
 
+def test_the_final_block_is_the_answer(env):
+    """A prover writes its plan (with code snippets) first and the whole proof last; the
+    proposer may restate the seed before its conjecture: the last declaring block counts."""
+    plan = ("Plan: first show the base case.\n```lean4\nhave h : 0 + 0 = 0 := by simp\n```\n"
+            "Then the proof:\n")
+    seed = "```lean\ntheorem add_zero' (n : ℕ) : n + 0 = n := by sorry\n```\nA new one:\n"
+    t = env.parse_proposal("lean_prove", seed + "```lean\nlemma foo (m : ℕ) : m * 1 = m := by "
+                           "sorry\n```", ["target:add_zero"], "p1")
+    assert t.statement == "theorem conj_p1 (m : ℕ) : m * 1 = m" and not t.invalid_reason
+    task = t.model_copy(update={"valid": True})
+    att = env.parse_attempt(task, plan + "```lean4\n" + task.statement + " := by simp\n```", 0)
+    assert att.answer == task.statement + " := by simp" and not att.parse_error
+    tactics = env.parse_attempt(task, "```lean\nby omega\n```\n```lean\nby simp\n```\n```\n```", 1)
+    assert tactics.answer == task.statement + " := by simp"  # no declaring block: last non-empty
+
+
 def test_proposer_prompt_does_not_forbid_copies(pool):
     """Paper: the copy shortcut is left to the reward (the novelty factor closes it); the ask
     not to copy is an opt-in (task.lean.forbid_copies)."""
