@@ -5,7 +5,11 @@ returned, while the sender's second bucket waits for them: this test would time 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -56,35 +60,15 @@ class Receiver:
         return self.ch.version, float(state["c"][0])
 
 
-def _started_actors(tries: int = 2) -> SimpleNamespace:
-    """The learner and three receivers, each one up. Once in CI (1 of ~930 tests, on a loaded
-    machine) Ray's GCS reported the just-created Sender dead before it ever started ("all
-    references to the actor were removed") while this test still held its handle: a Ray-side
-    start-up failure, not the broadcast order under test. Such a set is made anew, once."""
-    for attempt in range(tries):
+def run_rounds() -> None:
+    """Two broadcast rounds through the driver's own sync calls (raises on any failure)."""
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg = load_config(None, ["learner.weight_sync=nccl", "scorer.num_scorers=1"])
         recv = Receiver.options(num_cpus=0)
         actors = SimpleNamespace(learner=Sender.options(num_cpus=0).remote(),
                                  proposer=recv.remote(), solver=recv.remote(),
                                  scorers=[recv.remote()])
-        every = [actors.learner, actors.proposer, actors.solver, *actors.scorers]
-        try:
-            ray.get([a.__ray_ready__.remote() for a in every], timeout=180)
-            return actors
-        except ray.exceptions.ActorDiedError as e:
-            if "never ran" not in str(e) or attempt == tries - 1:
-                raise
-            for a in every:
-                ray.kill(a)
-    raise AssertionError("unreachable")
-
-
-@pytest.mark.ray
-def test_multi_bucket_broadcasts_complete_round_after_round(monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        cfg = load_config(None, ["learner.weight_sync=nccl", "scorer.num_scorers=1"])
-        actors = _started_actors()
         deadline = [float("inf")]
 
         def check() -> None:
@@ -104,3 +88,20 @@ def test_multi_bucket_broadcasts_complete_round_after_round(monkeypatch):
             assert ray.get(calls[1:]) == [(round_, float(round_))] * 3
     finally:
         ray.shutdown()
+    print("rounds ok")
+
+
+@pytest.mark.ray
+def test_multi_bucket_broadcasts_complete_round_after_round():
+    """In a process of its own. In this suite's process, right after
+    `ray/test_retry_cap.py` (a pipeline that fails and is torn down), Ray's GCS reported this
+    test's first actor dead before it ever ran ("all references to the actor were removed"),
+    every time (CI and here), though the test held its handle; a fresh process has no such
+    carry-over (see the closing note of 2026-12-02)."""
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-c", "from tests.executors.test_broadcast_ordering import run_rounds;"
+                               " run_rounds()"],
+        cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0 and "rounds ok" in proc.stdout, proc.stderr[-4000:]
