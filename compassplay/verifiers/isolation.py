@@ -52,7 +52,8 @@ def check_mode(mode: str) -> None:
         )
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 # Loaded before the worker under their bare names (the worker imports them from sys.modules).
-PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child", "sandbox_scratch")
+PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child", "sandbox_scratch",
+             "sandbox_kernel")
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
 PRIVATE_DIRS = ("/tmp", "/dev")  # fresh tmpfs in every sandbox (/dev/shm is one too)

@@ -35,17 +35,22 @@ import json
 import os
 import resource
 import select
-import struct
 import sys
 import time
 from collections.abc import Callable
 
 try:  # inside the sandbox: preloaded by the bootstrap under their bare names
     import sandbox_child  # type: ignore[import-not-found]
+    import sandbox_kernel  # type: ignore[import-not-found]
     import sandbox_proto  # type: ignore[import-not-found]
     import sandbox_scratch  # type: ignore[import-not-found]
 except ImportError:  # imported on the host
-    from compassplay.verifiers import sandbox_child, sandbox_proto, sandbox_scratch
+    from compassplay.verifiers import (
+        sandbox_child,
+        sandbox_kernel,
+        sandbox_proto,
+        sandbox_scratch,
+    )
 
 STATUSES = sandbox_proto.STATUSES
 REQ_HEAD = sandbox_proto.REQ_HEAD
@@ -83,7 +88,7 @@ class Zygote:
             if os.getpid() != 1:
                 raise SystemExit("isolated zygote must be pid 1 of its own pid namespace")
             if cfg.get("loopback_down"):
-                _loopback_down(libc)
+                sandbox_kernel.loopback_down(libc)
             # Same-uid programs (rootless mode) must not read or write our memory via /proc.
             libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         else:
@@ -120,8 +125,9 @@ class Zygote:
         sandbox_child.warm_up(stdio)  # before the freeze: ~15 fewer child page faults a run
         self.main = sandbox_child.prepare(stdio)  # the programs' stdio, argv and __main__
         self.child_uid = self.uid if self.setuid else None
-        self.base_anon_kb = _status_kb(os.getpid(), b"RssAnon:")
-        self.socket_bytes = 2 * _read_int("/proc/sys/net/core/wmem_default", 212992)
+        self.base_anon_kb = sandbox_kernel.status_kb(os.getpid(), b"RssAnon:")
+        self.socket_bytes = 2 * sandbox_kernel.read_int("/proc/sys/net/core/wmem_default",
+                                                        212992)
         self._poller = select.poll()
         self._clean = True  # no process here but the zygote (see `_alone_with`)
         self._last_pid_fd = -1
@@ -188,8 +194,8 @@ class Zygote:
             if reaped is not None and self.isolated:
                 # Every process of the sandbox is gone (`_sweep`): the pipes hold all the output
                 # there will ever be, so read them to the end without waiting on them.
-                out = _drain(out_r, limit + 1)
-                err = _drain(err_r, limit + 1 - len(out))
+                out = sandbox_kernel.drain(out_r, limit + 1)
+                err = sandbox_kernel.drain(err_r, limit + 1 - len(out))
                 verdict = "output_limit" if len(out) + len(err) > limit else None
             else:
                 reaped, verdict, out, err = self._watch(pid, pidfd, reaped, timeout, mem_cap,
@@ -308,14 +314,15 @@ class Zygote:
         total, me = 0, os.getpid()
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) != me:
-                total += max(0, _status_kb(int(name), b"RssAnon:") - self.base_anon_kb)
-                total += _status_kb(int(name), b"RssShmem:")
-        return total * 1024 + _unix_sockets() * self.socket_bytes
+                anon = sandbox_kernel.status_kb(int(name), b"RssAnon:")
+                total += max(0, anon - self.base_anon_kb)
+                total += sandbox_kernel.status_kb(int(name), b"RssShmem:")
+        return total * 1024 + sandbox_kernel.unix_sockets() * self.socket_bytes
 
     def _sweep(self, pid: int, reaped: bool = False) -> None:
         """Kill every process left in the sandbox (or the child's group when not isolated)."""
         if not reaped:
-            _kill_quiet(pid)
+            sandbox_kernel.kill_quiet(pid)
         for n in range(10000):
             try:
                 if self.isolated:
@@ -325,7 +332,7 @@ class Zygote:
                 alive = True
             except (ProcessLookupError, PermissionError):
                 alive = False
-            children = _reap_all()
+            children = sandbox_kernel.reap_all()
             if not alive and not children:
                 self._clean = True
                 return
@@ -334,80 +341,6 @@ class Zygote:
                 self.before_long_wait()  # leftovers: reaping them all may take a while
             if children:
                 time.sleep(0.0005)
-
-
-def _drain(fd: int, most: int) -> bytes:
-    """Up to `most` bytes from a pipe that no process can write to any more (at its end)."""
-    data = b""
-    while len(data) < most:
-        chunk = os.read(fd, 65536)
-        data += chunk
-        if len(chunk) < 65536:  # a pipe read returns all it holds: short means empty, and no
-            break               # writer is left, so nothing more will come
-    return data
-
-
-def _kill_quiet(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _reap_all() -> bool:
-    """Reap finished children; True while some child is still alive."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return False
-        if pid == 0:
-            return True
-
-
-def _status_kb(pid: int, key: bytes) -> int:
-    try:
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            for line in fh:
-                if line.startswith(key):
-                    return int(line.split()[1])
-    except (OSError, IndexError, ValueError):
-        pass
-    return 0
-
-
-def _read_int(path: str, default: int) -> int:
-    try:
-        with open(path, "rb") as fh:
-            return int(fh.read().split()[0])
-    except (OSError, IndexError, ValueError):
-        return default
-
-
-def _unix_sockets() -> int:
-    """Unix sockets alive in this network namespace (in a process or in flight)."""
-    try:
-        with open("/proc/net/unix", "rb") as fh:
-            return max(0, fh.read().count(b"\n") - 1)
-    except OSError:
-        return 0
-
-
-def _loopback_down(libc) -> None:
-    """Bring `lo` down so even loopback has no route (needs CAP_NET_ADMIN in this netns).
-    Through libc, not the socket module: every extension module the zygote loads adds
-    mappings that each fork has to copy."""
-    import ctypes
-
-    fd = libc.socket(2, 2, 0)  # AF_INET, SOCK_DGRAM
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "socket")
-    try:
-        req = ctypes.create_string_buffer(struct.pack("16sH14x", b"lo", 0), 40)
-        if libc.ioctl(fd, 0x8914, req) != 0:  # SIOCSIFFLAGS
-            raise OSError(ctypes.get_errno(), "ioctl(SIOCSIFFLAGS, lo)")
-    finally:
-        os.close(fd)
 
 
 def main() -> None:
