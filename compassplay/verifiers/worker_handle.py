@@ -16,7 +16,14 @@ from dataclasses import dataclass
 
 from compassplay.verifiers import isolation
 from compassplay.verifiers.sandbox_cgroup import CgroupMemory
-from compassplay.verifiers.sandbox_proto import HELLO, REPLY_HEAD, REQ_HEAD, RETIRE, STATUSES
+from compassplay.verifiers.sandbox_proto import (
+    HELLO,
+    REPLY_HEAD,
+    REQ_HEAD,
+    RETIRE,
+    STATUSES,
+    write_all,
+)
 
 PIPE_BYTES = 1 << 20        # asked for with F_SETPIPE_SZ; pipelining stays below the real size
 _F_SETPIPE_SZ = 1031
@@ -79,7 +86,7 @@ class WorkerHandle:
         except OSError:
             pass
         try:
-            _write_all(self._in, isolation.bootstrap_frames())
+            write_all(self._in, isolation.bootstrap_frames())
             hello = self._read_frame(time.monotonic() + start_timeout_s, 4096)
         except (WorkerDied, OSError) as exc:
             detail = self._stderr_tail()
@@ -108,7 +115,7 @@ class WorkerHandle:
         body = b"R" + REQ_HEAD.pack(timeout_s, memory_mb, max_output_bytes) + code
         data = struct.pack(">I", len(body)) + body
         try:
-            _write_all(self._in, data)
+            write_all(self._in, data)
         except OSError as exc:
             self.kill()
             raise WorkerDied(f"write failed: {exc}") from None
@@ -205,9 +212,3 @@ class WorkerHandle:
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
