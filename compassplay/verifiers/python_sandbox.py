@@ -13,7 +13,9 @@ zygote forks a fresh child per run with rlimits and a seccomp filter (`sandbox_s
 Every run gets a new scratch directory and emptied, restored /tmp and /dev/shm
 (`sandbox_scratch`); a worker that cannot restore them (or its own limits) retires and the runs
 queued on it move to a fresh one. A run's memory is its RSS plus its files in /tmp and /dev/shm
-plus its unix socket buffers (memfd is refused). Timeouts are enforced by the zygote and, as a
+plus its unix socket buffers plus 64 KiB per open fd (the most a pipe end holds: pipes cannot
+grow) and per fd the user may have in flight over a unix socket; memfd, inotify and epoll
+(kernel memory nothing counts) are refused. Timeouts are enforced by the zygote and, as a
 backstop, by the host, which kills and restarts a worker that misses its deadline. Where the
 machine delegates cgroup v2 memory, each worker also gets `memory.max`.
 

@@ -6,8 +6,11 @@ to bottom (first match decides; anything not named is allowed):
 * `DENY`: refused outright with the errno given (mount and the new mount API, namespaces,
   ptrace and cross-process memory/fd access, kernel keyrings, io_uring, bpf/perf, SysV/POSIX IPC
   objects that would outlive a run, `memfd_create`/`memfd_secret` (memory that no mapping, so no
-  RSS, would show), `inotify_add_watch` (kernel memory per watch), `syslog`, `open_by_handle_at`, and `socket()` of every family: no connect to
-  an IP address or to a host unix socket can even start).
+  RSS, would show), `inotify_add_watch` and `epoll_create`/`epoll_create1` (kernel memory per
+  watch that nothing counts; a watch on a dup'ed fd outlives that fd, so the fd limit does not
+  bound them, and Python's `selectors`, so asyncio and subprocess, fall back to poll on ENOSYS),
+  `syslog`, `open_by_handle_at`, and `socket()` of every family: no connect to an IP address or
+  to a host unix socket can even start).
 * `SELF_ONLY`: allowed only when the pid-like arguments name the caller itself (pid 0):
   `prlimit64`, `sched_set*`, `setpriority`, `ioprio_set`, `migrate_pages`, `move_pages`. A run
   can change its own limits and scheduling, never the zygote's or another process's.
@@ -15,6 +18,8 @@ to bottom (first match decides; anything not named is allowed):
   asyncio use; a datagram pair could `sendto` any socket path).
 * `setsockopt`: no SO_SNDBUF/SO_SNDBUFFORCE, so every socket's kernel buffer stays at the default
   the zygote's watchdog counts per socket (`net.core.wmem_default`).
+* `fcntl`: no F_SETPIPE_SZ, so every pipe holds at most its default 16 pages, the size the
+  zygote's watchdog charges per open fd.
 * `clone`: no namespace flags; `clone3` (flags in memory) answers ENOSYS so libc falls back.
 
 The zygote installs it on itself once; every run inherits it. Unknown architectures are
@@ -47,6 +52,7 @@ _AF_UNIX = 1
 _SOCK_DGRAM = 2
 _SOCK_TYPE_MASK = 0xF  # the rest of socketpair's type argument is SOCK_CLOEXEC/SOCK_NONBLOCK
 _SOL_SOCKET, _SO_SNDBUF, _SO_SNDBUFFORCE = 1, 7, 32
+F_SETPIPE_SZ = 1031
 # CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 _CLONE_NS_FLAGS = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000
 
@@ -70,6 +76,7 @@ _ARCHES: dict[str, dict[str, int]] = {
         "prlimit64": 302, "sched_setaffinity": 203, "sched_setscheduler": 144,
         "sched_setparam": 142, "sched_setattr": 314, "setpriority": 141, "ioprio_set": 251,
         "migrate_pages": 256, "move_pages": 279, "inotify_add_watch": 254,
+        "epoll_create": 213, "epoll_create1": 291, "fcntl": 72,
     },
     "aarch64": {
         **_COMMON, "arch": 0xC00000B7, "socket": 198, "socketpair": 199, "setsockopt": 208,
@@ -83,6 +90,7 @@ _ARCHES: dict[str, dict[str, int]] = {
         "prlimit64": 261, "sched_setaffinity": 122, "sched_setscheduler": 119,
         "sched_setparam": 118, "sched_setattr": 274, "setpriority": 140, "ioprio_set": 30,
         "migrate_pages": 238, "move_pages": 239, "inotify_add_watch": 27,
+        "epoll_create1": 20, "fcntl": 25,  # (no epoll_create on aarch64)
     },
 }
 
@@ -98,6 +106,7 @@ DENY: dict[str, int] = {
         "name_to_handle_at", "open_by_handle_at")},
     "memfd_create": errno.ENOSYS, "memfd_secret": errno.ENOSYS,  # callers fall back to files
     "inotify_add_watch": errno.ENOSYS,  # kernel memory per watch that nothing counts
+    "epoll_create": errno.ENOSYS, "epoll_create1": errno.ENOSYS,  # the same; poll instead
     "socket": errno.EACCES,
     "clone3": errno.ENOSYS,
 }
@@ -163,7 +172,8 @@ def build_filter(machine: str | None = None) -> bytes:
         _ret(_RET_ERRNO | errno.ENOSYS),
     ]
     for name, err in DENY.items():
-        prog += _rule(nrs[name], [_ret(_RET_ERRNO | err)])
+        if name in nrs:  # a call an architecture lacks needs no rule
+            prog += _rule(nrs[name], [_ret(_RET_ERRNO | err)])
     for name, checks in SELF_ONLY.items():
         prog += _rule(nrs[name], _all_equal(checks, errno.EPERM))
     prog += _rule(nrs["socketpair"], [  # AF_UNIX, and not SOCK_DGRAM
@@ -174,6 +184,9 @@ def build_filter(machine: str | None = None) -> bytes:
         _arg(1), _insn(_JEQ_K, 0, 3, _SOL_SOCKET),
         _arg(2), _insn(_JEQ_K, 2, 0, _SO_SNDBUF), _insn(_JEQ_K, 1, 0, _SO_SNDBUFFORCE),
         _ret(_RET_ALLOW), _ret(_RET_ERRNO | errno.EPERM)])
+    prog += _rule(nrs["fcntl"], [  # (fd, cmd, arg): pipes keep their default size
+        _arg(1), _insn(_JEQ_K, 0, 1, F_SETPIPE_SZ),
+        _ret(_RET_ERRNO | errno.EPERM), _ret(_RET_ALLOW)])
     prog += _rule(nrs["clone"], [  # clone(flags, ...): no new namespaces
         _arg(0), _insn(_JSET_K, 0, 1, _CLONE_NS_FLAGS),
         _ret(_RET_ERRNO | errno.EPERM), _ret(_RET_ALLOW)])

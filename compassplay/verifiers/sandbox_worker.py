@@ -125,9 +125,11 @@ class Zygote:
         sandbox_child.warm_up(stdio)  # before the freeze: ~15 fewer child page faults a run
         self.main = sandbox_child.prepare(stdio)  # the programs' stdio, argv and __main__
         self.child_uid = self.uid if self.setuid else None
-        self.base_anon_kb = sandbox_kernel.status_kb(os.getpid(), b"RssAnon:")
+        self.base_anon_kb = sandbox_kernel.status_number(os.getpid(), b"RssAnon:")
         self.socket_bytes = 2 * sandbox_kernel.read_int("/proc/sys/net/core/wmem_default",
                                                         212992)
+        # the most one open fd can hold in a pipe (16 pages: the filter refuses F_SETPIPE_SZ)
+        self.pipe_bytes = 16 * os.sysconf("SC_PAGE_SIZE")
         self._poller = select.poll()
         self._clean = True  # no process here but the zygote (see `_alone_with`)
         self._last_pid_fd = -1
@@ -307,17 +309,26 @@ class Zygote:
         return reaped, verdict, out, err
 
     def _run_memory(self) -> int:
-        """Bytes the run added: anonymous and shared RSS of every process here beyond the
-        zygote's own (read from /proc/<pid>/status, which needs no ptrace access to non-dumpable
-        children), plus `socket_bytes` per unix socket in this network namespace (the most a
-        socket's send buffer, whose size programs cannot raise, holds in the kernel)."""
-        total, me = 0, os.getpid()
+        """Bytes the run added or could hold in the kernel, summed over every process here but
+        the zygote (read from /proc/<pid>/, which needs no ptrace access to non-dumpable
+        children):
+        - anonymous RSS beyond the zygote's own, and shared RSS;
+        - `pipe_bytes` per open fd (any fd may be a pipe end, whose buffer lives as long as
+          one end is open);
+        plus `socket_bytes` per unix socket in this network namespace (the most a socket's send
+        buffer, whose size programs cannot raise, holds), and, while any exists, `pipe_bytes`
+        for each of the `nofile` fds the kernel lets one user have in flight over them."""
+        total, fds, me = 0, 0, os.getpid()
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) != me:
-                anon = sandbox_kernel.status_kb(int(name), b"RssAnon:")
+                pid = int(name)
+                anon = sandbox_kernel.status_number(pid, b"RssAnon:")
                 total += max(0, anon - self.base_anon_kb)
-                total += sandbox_kernel.status_kb(int(name), b"RssShmem:")
-        return total * 1024 + sandbox_kernel.unix_sockets() * self.socket_bytes
+                total += sandbox_kernel.status_number(pid, b"RssShmem:")
+                fds += sandbox_kernel.open_fds(pid)
+        sockets = sandbox_kernel.unix_sockets()
+        in_flight = self.nofile if sockets else 0
+        return total * 1024 + (fds + in_flight) * self.pipe_bytes + sockets * self.socket_bytes
 
     def _sweep(self, pid: int, reaped: bool = False) -> None:
         """Kill every process left in the sandbox (or the child's group when not isolated)."""

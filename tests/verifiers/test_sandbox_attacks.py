@@ -204,6 +204,24 @@ ATTACKS = [
            "        pairs.append((a, b))\n    return pairs\nfor _ in range(7):\n"
            "    if os.fork() == 0:\n        p = hold()\n        time.sleep(5)\n        os._exit(0)\n"
            "p = hold()\ntime.sleep(1)\nprint('HELD')", HELD_TOO_MUCH),
+    Attack("pipe_buffers",  # 8 x 240 full pipes (~70 MiB under the kernel's per-user soft limit)
+           # and 200 MB of RSS: over the 256 MB limit only together (fork first: shared pages
+           # would count in every child)
+           "import os, time\ndef hold():\n    ends = []\n    for _ in range(240):\n"
+           "        r, w = os.pipe()\n        os.set_blocking(w, False)\n        try:\n"
+           "            while True:\n                os.write(w, b'x' * 65536)\n"
+           "        except BlockingIOError:\n            pass\n        os.close(r)\n"
+           "        ends.append(w)\n    return ends\nfor _ in range(7):\n    if os.fork() == 0:\n"
+           "        e = hold()\n        time.sleep(5)\n        os._exit(0)\n"
+           "e = hold()\nheld = b'x' * (200 * 10**6)\ntime.sleep(1)\nprint('HELD')", HELD_TOO_MUCH),
+    Attack("pipe_growth_and_epoll_refused",  # asyncio and subprocess fall back to poll
+           "import asyncio, fcntl, os, select, subprocess\nr, w = os.pipe()\ntry:\n"
+           "    fcntl.fcntl(w, 1031, 2**20)\n    print('CHANGED pipe size')\nexcept OSError:\n"
+           "    print('setpipe denied')\ntry:\n    select.epoll()\n    print('CHANGED epoll')\n"
+           "except OSError:\n    print('epoll denied')\nasync def main():\n"
+           "    await asyncio.sleep(0.01)\n    return 'asyncio ok'\nprint(asyncio.run(main()))\n"
+           "print(subprocess.run(['echo', 'child ok'], capture_output=True, text=True).stdout)",
+           ("ok",), "setpipe denied\nepoll denied\nasyncio ok\nchild ok"),
     Attack("open_pseudo_terminals",  # each pty pair holds up to ~68 KB of kernel buffers
            "import os\nptys = []\ntry:\n    for _ in range(100):\n        ptys.append(os.openpty())\n"
            "    print('HELD', len(ptys))\nexcept OSError:\n    print('denied', len(ptys))",
