@@ -222,7 +222,9 @@ class Trajectory(Record):
     REINFORCE++); `reward` is the raw scalar (proposer reward or solver reward). Members of a
     group that share a non-empty `subgroup` have their deviations from their own mean
     standardized among themselves (`engines.advantages`; reward.normalize=eligible labels the
-    eligible proposals "eligible").
+    eligible proposals "eligible"). A trajectory with a fixed `advantage` is a supervised
+    example (solver.train_on=selected: SGS's weighted SFT on selected verified proofs, +1 each):
+    it keeps that advantage and takes no part in any group's statistics.
     """
 
     generation: Generation
@@ -231,3 +233,4 @@ class Trajectory(Record):
     task_type: TaskType
     task_id: str = ""
     subgroup: str = ""
+    advantage: float | None = None

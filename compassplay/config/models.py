@@ -112,13 +112,19 @@ class SolverSection(SamplingSection):
                                      "(coding: task types drawn uniformly; AZR: 64 per task type; a lean "
                                      "run attempts task.lean.targets_per_iteration unsolved "
                                      "targets)")
-    train_on: Literal["buffer", "all"] = Field(
+    train_on: Literal["buffer", "all", "selected"] = Field(
         "buffer", description="the attempts the solver trains on. buffer = AZR's code: the "
         "n_samples attempts at proposed tasks only estimate s(x) (and give the verified "
         "solution); the solver trains on its seed_task_samples attempts at each of the "
         "seed_tasks_per_step buffer tasks; all = on every attempt, the estimating ones too "
         "(this project's choice before 2026-12-01: in the 7B config ~1,700 solver against "
-        "192 proposer sequences per step)")
+        "192 proposer sequences per step); selected = SGS's code (the Lean default): "
+        "supervised training (advantage +1, SGS's WeightedTrainer with weight 1) on the "
+        "verified attempts at every task, target or conjecture, whose solve rate s is in "
+        "(0, select_max_solve_rate]; the other attempts only estimate s")
+    select_max_solve_rate: float = Field(
+        0.5, gt=0.0, le=1.0, description="train_on=selected: the highest solve rate whose "
+        "verified attempts are trained on (SGS's statement_selection_mode HARD: 0 < s <= 0.5)")
     seed_task_samples: int = Field(1, ge=0, description="attempts at each buffer task; 0 = "
                                    "n_samples. AZR's code: 1 (rollout.n)")
 

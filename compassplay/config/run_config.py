@@ -75,14 +75,16 @@ class RunConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def _lean_solver_trains_on_all(cls, data: Any) -> Any:
-        """Lean (SGS's loop, not AZR's): the solver keeps training on every attempt at the
-        targets, n_samples each, unless the config says otherwise."""
+    def _lean_solver_trains_on_selected(cls, data: Any) -> Any:
+        """Lean (SGS's loop, not AZR's): the solver attempts the targets n_samples times each
+        and trains, as SGS's code does, on the verified proofs of the tasks with
+        0 < s <= solver.select_max_solve_rate, unless the config says otherwise."""
         if not isinstance(data, dict) or (data.get("task") or {}).get("domain") != "lean":
             return data
         solver = data.get("solver") or {}
         if isinstance(solver, dict):
-            data = {**data, "solver": {"train_on": "all", "seed_task_samples": 0, **solver}}
+            data = {**data, "solver": {"train_on": "selected", "seed_task_samples": 0,
+                                             **solver}}
         return data
 
     @model_validator(mode="after")

@@ -63,9 +63,16 @@ def group_normalized(rewards: Sequence[float], groups: Sequence[Hashable],
 
 def trajectory_advantages(trajs: Sequence[Trajectory], eps: float = 1e-6) -> list[float]:
     """Task-relative REINFORCE++: normalize rewards within each (task_type, role) group, and
-    each labelled subgroup's spread among itself."""
-    return group_normalized([t.reward for t in trajs], [(t.task_type, t.role) for t in trajs],
-                            eps, [t.subgroup for t in trajs])
+    each labelled subgroup's spread among itself; a trajectory with a fixed `advantage` (a
+    supervised example) keeps it and is left out of the groups."""
+    free = [i for i, t in enumerate(trajs) if t.advantage is None]
+    normed = group_normalized([trajs[i].reward for i in free],
+                              [(trajs[i].task_type, trajs[i].role) for i in free], eps,
+                              [trajs[i].subgroup for i in free])
+    adv = [float(t.advantage) if t.advantage is not None else 0.0 for t in trajs]
+    for i, a in zip(free, normed, strict=True):
+        adv[i] = a
+    return adv
 
 
 def broadcast_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

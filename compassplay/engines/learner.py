@@ -165,8 +165,14 @@ class PolicyLearner(Learner):
         return self.slots[self.slot_for(role)].full_state_dict()
 
     def step(self, trajectories: list[Trajectory]) -> LearnerStats:
+        """One update on `trajectories`. None (a step where solver.train_on=selected chose no
+        proof and there were no proposals): the weights stay, and their version still advances
+        so that every step has one."""
         if not trajectories:
-            raise ValueError("learner.step needs at least one trajectory")
+            self._version += 1
+            first = next(iter(self.slots.values()))
+            return LearnerStats(loss=0.0, grad_norm=0.0, lr=first.lr(), clip_frac=0.0, kl=0.0,
+                                n_tokens=0, weight_version=self._version)
         adv = trajectory_advantages(trajectories)
         stats: dict[str, dict[str, float]] = {}
         norms: list[float] = []

@@ -247,14 +247,16 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
 
 def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attempt],
                       verdicts: list[Verdict], scores: list[Score],
-                      normalize: str = "all", train_ids: set[str] | None = None
-                      ) -> list[Trajectory]:
+                      normalize: str = "all", train_ids: set[str] | None = None,
+                      select_max_solve_rate: float | None = None) -> list[Trajectory]:
     """Proposer trajectories (one per proposal) and solver trajectories (one per attempt at a
     task in `train_ids`; None: every attempt); a generation the engine failed
     (`Generation.failed`: no tokens to train on) gives none. `normalize` (reward.normalize):
     'eligible' labels eligible proposals so their rewards are standardized among themselves
     (`engines.advantages`). solver.train_on=buffer passes the buffer tasks' ids: the attempts
-    that estimate s(x) are not trained on."""
+    that estimate s(x) are not trained on. solver.train_on=selected passes
+    `select_max_solve_rate`: only the verified attempts at tasks with 0 < s <= it, each a
+    supervised example (advantage +1; `selected_attempts`)."""
     by_task = {t.task_id: t for t in tasks}
     out = []
     for sc in scores:
@@ -264,14 +266,33 @@ def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attemp
             out.append(Trajectory(generation=task.proposal, reward=sc.reward, role="proposer",
                                   task_type=task.task_type, task_id=task.task_id,
                                   subgroup=sub))
-    for att, ver in zip(attempts, verdicts, strict=True):
+    chosen = (selected_attempts(attempts, verdicts, select_max_solve_rate)
+              if select_max_solve_rate is not None else None)
+    for i, (att, ver) in enumerate(zip(attempts, verdicts, strict=True)):
         if train_ids is not None and att.task_id not in train_ids:
+            continue
+        if chosen is not None and i not in chosen:
             continue
         if att.generation is not None and not att.generation.failed:
             out.append(Trajectory(generation=att.generation, reward=env.solver_reward(att, ver),
                                   role="solver", task_type=by_task[att.task_id].task_type,
-                                  task_id=att.task_id))
+                                  task_id=att.task_id,
+                                  advantage=1.0 if chosen is not None else None))
     return out
+
+
+def selected_attempts(attempts: list[Attempt], verdicts: list[Verdict],
+                      max_solve_rate: float) -> set[int]:
+    """Indices of SGS's prover training data: the verified attempts at each task whose solve
+    rate over its attempts here is in (0, max_solve_rate] (SGS's HARD selection)."""
+    tally: dict[str, list[int]] = {}
+    for att, ver in zip(attempts, verdicts, strict=True):
+        n_ok = tally.setdefault(att.task_id, [0, 0])
+        n_ok[0] += 1
+        n_ok[1] += int(ver.correct)
+    band = {t for t, (n, ok) in tally.items() if 0 < ok and ok <= max_solve_rate * n}
+    return {i for i, (att, ver) in enumerate(zip(attempts, verdicts, strict=True))
+            if ver.correct and att.task_id in band}
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:

@@ -119,9 +119,15 @@ _OPEN = "([{⟨"
 _CLOSE = ")]}⟩"
 
 
+_LET = re.compile(r"(let|have)\s")
+_IDENT_CHAR = re.compile(r"[\w'.!?]")
+
+
 def _header_end(text: str, start: int) -> int:
-    """Index of the first `:=` at bracket depth 0 at or after `start` (or -1)."""
-    depth = 0
+    """Index of the first `:=` at bracket depth 0 at or after `start` that does not close a
+    `let`/`have` inside the statement's type (`theorem t : let k : ℕ := 2; k = 2 := by`), or
+    -1."""
+    depth, binders = 0, 0
     for i in range(start, len(text)):
         ch = text[i]
         if ch in _OPEN:
@@ -129,7 +135,11 @@ def _header_end(text: str, start: int) -> int:
         elif ch in _CLOSE:
             depth = max(0, depth - 1)
         elif depth == 0 and text.startswith(":=", i):
-            return i
+            if not binders:
+                return i
+            binders -= 1
+        elif depth == 0 and _LET.match(text, i) and (i == 0 or not _IDENT_CHAR.match(text[i - 1])):
+            binders += 1
     return -1
 
 

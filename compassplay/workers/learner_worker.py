@@ -180,9 +180,11 @@ class LearnerWorker:
                                        alignment, merge_utility(shards))
         train = ({t.task_id for t in props.seed_tasks}
                  if self.cfg.solver.train_on == "buffer" else None)
+        selected = self.cfg.solver.select_max_solve_rate \
+            if self.cfg.solver.train_on == "selected" else None
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
                                          attempts.attempts, graded.verdicts, scores,
-                                         self.cfg.reward.normalize, train)
+                                         self.cfg.reward.normalize, train, selected)
         with timed(self.gpus) as learn_timing:
             lstats = self.learner.step(trajs)
         lstats.weight_version = self.weight_version

@@ -74,3 +74,14 @@ def test_trajectory_subgroups_are_taken_within_task_type_and_role():
     adv = trajectory_advantages(trajs)
     assert adv[2] - adv[1] == pytest.approx(2.0)  # two eligible: z-scores -1 and +1
     assert adv[0] == pytest.approx(group_normalized([-1.0, 0.01, 0.03], ["g"] * 3)[0])
+
+
+def test_fixed_advantages_are_kept_and_left_out_of_the_groups():
+    """solver.train_on=selected: supervised examples keep +1 and do not move the statistics
+    of the normalized trajectories beside them."""
+    free = [make_traj([1], [2], r, "solver", "lean_prove") for r in (1.0, 0.0, 0.0)]
+    fixed = [t.model_copy(update={"advantage": 1.0, "reward": 5.0}) for t in free[:2]]
+    adv = trajectory_advantages(free + fixed)
+    assert adv[:3] == pytest.approx(trajectory_advantages(free))
+    assert adv[3:] == [1.0, 1.0]
+    assert trajectory_advantages(fixed) == [1.0, 1.0]

@@ -229,3 +229,36 @@ def test_mini_batch_size_takes_one_optimizer_step_per_mini_batch(learner_cfg):
         steps[size] = (len(calls), learner.weight_version, stats.n_tokens)
     assert steps[0][:2] == (1, 1) and steps[3][:2] == (3, 1)  # 7 -> 2 + 2 + 3, one version
     assert steps[0][2] == steps[3][2]  # every token trained once either way
+
+
+def test_supervised_examples_give_the_sft_update(learner_cfg):
+    """Trajectories with a fixed advantage of +1 (solver.train_on=selected, SGS's weighted SFT
+    with weight 1), on policy: the update equals autograd of the token-mean negative
+    log-likelihood followed by the same clipped AdamW step."""
+    from compassplay.engines.torch_learner import make_adamw
+
+    model = tiny_causal_lm(seed=4)
+    batch = [t.model_copy(update={"advantage": 1.0}) for t in on_policy_batch(model, n=4, seed=2)]
+    plain = copy.deepcopy(model)
+    stats = make_learner(learner_cfg, model, total_steps=1).step(batch)
+    b = pack([t.generation for t in batch])
+    logp = token_logprobs(plain, b["input_ids"], b["attention_mask"], b["targets"])
+    (-(logp * b["mask"]).sum() / b["mask"].sum()).backward()
+    norm = torch.nn.utils.clip_grad_norm_(list(plain.parameters()), learner_cfg.max_grad_norm)
+    assert stats.grad_norm == pytest.approx(float(norm), rel=1e-5) and norm > 1.0  # clipped
+    make_adamw(list(plain.parameters()), learner_cfg.lr).step()
+    params = dict(model.named_parameters())
+    for n, q in plain.named_parameters():  # Adam turns float noise in tiny gradients into
+        # ~1e-6 of its 1e-2 step, so the tolerance is 1e-3 of a step
+        torch.testing.assert_close(params[n], q, atol=1e-5, rtol=1e-5, msg=n)
+
+
+def test_a_step_with_nothing_to_train_on_keeps_the_weights_and_advances_the_version(
+        model, learner_cfg):
+    learner = make_learner(learner_cfg, model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    stats = learner.step([])
+    assert stats.weight_version == learner.weight_version == 1 and stats.n_tokens == 0
+    assert stats.lr == pytest.approx(learner_cfg.lr)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k

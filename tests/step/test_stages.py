@@ -206,6 +206,28 @@ def test_buffer_training_leaves_the_estimating_attempts_out(setup):
     assert all(t.role == "solver" and t.reward == 1.0 for t in separate)
 
 
+def test_selected_training_keeps_the_verified_attempts_at_tasks_in_sgss_band(setup):
+    """solver.train_on=selected (SGS's code, the Lean default): only verified attempts at
+    tasks with 0 < s <= select_max_solve_rate, each a supervised example (advantage +1).
+    Here p0 is solved 2 of 4 times, p1 4 of 4, p2 1 of 4."""
+    cfg, env, tasks, attempts, verdicts, cands, alignment = setup
+    scores = stages.assign_rewards(RewardSection(kind="cosine"), tasks, rates_of(
+        tasks, verdicts), cands, alignment)
+    for most, expected in ((0.5, [("p0", 0), ("p0", 1), ("p2", 0)]), (0.25, [("p2", 0)]),
+                           (1.0, [("p0", 0), ("p0", 1), ("p1", 0), ("p1", 1), ("p1", 2),
+                                  ("p1", 3), ("p2", 0)])):
+        trajs = stages.make_trajectories(env, tasks, attempts, verdicts, scores,
+                                         select_max_solve_rate=most)
+        solver = [t for t in trajs if t.role == "solver"]
+        chosen = sorted(stages.selected_attempts(attempts, verdicts, most))
+        assert [(attempts[i].task_id, attempts[i].index) for i in chosen] == expected
+        assert [t.task_id for t in solver] == [task for task, _ in expected]
+        assert all(t.advantage == 1.0 and t.reward == 1.0 for t in solver)
+        assert all(t.advantage is None for t in trajs if t.role == "proposer")
+    lean = RunConfig.model_validate({"task": {"domain": "lean"}})
+    assert (lean.solver.train_on, lean.solver.select_max_solve_rate) == ("selected", 0.5)
+
+
 class _EchoEngine:
     """Answers every prompt with a wrong output block (records how many it was asked)."""
 
@@ -238,9 +260,9 @@ def test_the_7b_config_follows_azrs_training_batch():
     assert cfg.learner.mini_batch_size == 128 and cfg.task.induction_inputs == 10
     assert cfg.task.seed_file.split(",") == ["azr_7b_coder_seed_io.jsonl",
                                              "azr_7b_coder_code_f_seed_io.jsonl"]
-    # Lean follows SGS's loop: every attempt at the targets trains the solver, n each
+    # Lean follows SGS's loop: n attempts at every target; SGS's selected proofs train
     lean = RunConfig.model_validate({"task": {"domain": "lean"}})
-    assert (lean.solver.train_on, lean.solver.seed_task_samples) == ("all", 0)
+    assert (lean.solver.train_on, lean.solver.seed_task_samples) == ("selected", 0)
     # the CPU configs keep the earlier choices (a handful of buffer tasks per step)
     for name in ("default", "micro", "micro_warm"):
         c = load_config(name)

@@ -63,6 +63,44 @@ def test_targets_loader_errors(tmp_path):
         load_targets(tmp_path / "missing.jsonl")
 
 
+def _sgs_entry(key: str, theorem: str, opens: str = "Real Nat") -> dict:
+    return {"id": key, "header": f"import Mathlib\nopen {opens}\n\n", "theorem": theorem,
+            "tag": "statement", "source": "d_3k", "proofs": []}
+
+
+def test_sgs_target_file_loads_with_its_unusable_statements_left_out(tmp_path, caplog):
+    """SGS's D_3k_prover_dataset.json layout (3,323 statements there: 50 have their ':= by'
+    inside a line comment or cut off, 498 a `let`/`have` in the type):
+    ids become names, a `let` in a statement's type does not end it (but leaves it out: one-line
+    statements lose the line break that ends the `let`), and the most common header serves
+    every target."""
+    import json
+
+    entries = [
+        _sgs_entry("a1", "theorem lets  :\n  let k  : ℕ  := 2 -- two\n  k + k = 4 := by"),
+        _sgs_entry("b2", "theorem plain (n  : ℕ)  : n + 0 = n := by"),
+        _sgs_entry("c3", "theorem hidden (n  : ℕ)  :\n  n = n -- reflexivity := by"),
+        _sgs_entry("d4", "theorem cplx (z  : ℂ)  : z = z := by", opens="Real Nat Complex"),
+    ]
+    path = tmp_path / "D_3k_prover_dataset.json"
+    path.write_text(json.dumps({"iterations": [], "target_statements": {
+        e["id"]: e for e in entries}}, indent=2))
+    with caplog.at_level("WARNING"):
+        tasks, header = load_targets(path)
+    assert [t.task_id for t in tasks] == ["target:b2", "target:d4"]
+    assert tasks[0].statement == "theorem plain (n : ℕ) : n + 0 = n"
+    assert header == "import Mathlib\nopen Real Nat\n\n"
+    assert "1 statements left out (no ':='" in caplog.text and "c3" in caplog.text
+    assert "1 statements left out (a let" in caplog.text and "a1" in caplog.text
+    assert "1 of 2 targets declare another header" in caplog.text
+    from compassplay.verifiers.lean_messages import declaration_header
+    assert declaration_header("theorem t : let k : ℕ := 2\n  k = 2 := by\n  let z := 3\n  rfl"
+                              )[1] == "theorem t : let k : ℕ := 2 k = 2"  # (before: "... : let k : ℕ")
+    path.write_text(json.dumps({"statements": []}))
+    with pytest.raises(TargetFileError, match="needs an object 'target_statements'"):
+        load_targets(path)
+
+
 def test_target_file_by_name_in_the_data_dir(tmp_path, monkeypatch):
     monkeypatch.delenv("COMPASSPLAY_DATA_DIR", raising=False)
     with pytest.raises(TargetFileError, match=r"not found .*COMPASSPLAY_DATA_DIR \(unset\)"):
