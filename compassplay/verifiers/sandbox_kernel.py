@@ -38,26 +38,35 @@ def reap_all() -> bool:
             return True
 
 
-def status_number(pid: int, key: bytes) -> int:
-    """The number after `key` in /proc/<pid>/status (kB for the Rss fields); 0 if absent."""
+def status_numbers(pid: int, *keys: bytes) -> list[int]:
+    """The numbers after `keys` in /proc/<pid>/status, read once (kB for the Rss fields);
+    0 for a key that is absent or a process that is gone."""
+    found = dict.fromkeys(keys, 0)
     try:
         with open(f"/proc/{pid}/status", "rb") as fh:
             for line in fh:
-                if line.startswith(key):
-                    return int(line.split()[1])
+                key = line[:line.find(b":") + 1]
+                if key in found:
+                    found[key] = int(line.split()[1])
     except (OSError, IndexError, ValueError):
         pass
-    return 0
+    return [found[k] for k in keys]
 
 
-def open_fds(pid: int) -> int:
+def status_number(pid: int, key: bytes) -> int:
+    """The number after `key` in /proc/<pid>/status; 0 if absent."""
+    return status_numbers(pid, key)[0]
+
+
+def open_fds(pid: int, fd_table_size: int) -> int:
     """Open fds of a process: the size of /proc/<pid>/fd (Linux 6.2+; no ptrace access
-    needed), else the capacity of its fd table (FDSize), an upper bound."""
+    needed), else `fd_table_size` (its status FDSize, the fd table's capacity: an upper
+    bound)."""
     try:
         count = os.stat(f"/proc/{pid}/fd").st_size
     except OSError:
         return 0  # gone
-    return count if count > 0 else status_number(pid, b"FDSize:")
+    return count if count > 0 else fd_table_size
 
 
 def read_int(path: str, default: int) -> int:

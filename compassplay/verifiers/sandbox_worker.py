@@ -322,10 +322,10 @@ class Zygote:
         for name in os.listdir("/proc"):
             if name.isdigit() and int(name) != me:
                 pid = int(name)
-                anon = sandbox_kernel.status_number(pid, b"RssAnon:")
-                total += max(0, anon - self.base_anon_kb)
-                total += sandbox_kernel.status_number(pid, b"RssShmem:")
-                fds += sandbox_kernel.open_fds(pid)
+                anon, shmem, fd_table = sandbox_kernel.status_numbers(
+                    pid, b"RssAnon:", b"RssShmem:", b"FDSize:")
+                total += max(0, anon - self.base_anon_kb) + shmem
+                fds += sandbox_kernel.open_fds(pid, fd_table)
         sockets = sandbox_kernel.unix_sockets()
         in_flight = self.nofile if sockets else 0
         return total * 1024 + (fds + in_flight) * self.pipe_bytes + sockets * self.socket_bytes
