@@ -88,8 +88,10 @@ def plan_batches(examples: list[Example], max_tokens: int) -> list[list[int]]:
     return groups
 
 
-def batch_losses(model: torch.nn.Module, batch: Batch, all_logits: bool = False) -> torch.Tensor:
+def batch_losses(model: torch.nn.Module, batch: Batch, all_logits: bool = False,
+                 inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
     """Per-example mean token cross-entropy, shape (N,), float32, differentiable.
+    `inputs_embeds` (N, T, hidden): fed instead of `batch.ids` (`rewards.fixed_set_loss`).
 
     A model whose forward takes `logits_to_keep` (transformers' causal LMs) computes the
     vocabulary head only from the first loss-bearing position on: the prompt positions before
@@ -99,8 +101,11 @@ def batch_losses(model: torch.nn.Module, batch: Batch, all_logits: bool = False)
     plain loss)."""
     keep = None if all_logits else _kept_columns(model, batch)
     kwargs = {} if keep is None else {"logits_to_keep": keep}
-    out = model(input_ids=batch.ids, position_ids=batch.position_ids, use_cache=False,
-                **kwargs)
+    if inputs_embeds is None:
+        kwargs["input_ids"] = batch.ids
+    else:
+        kwargs["inputs_embeds"] = inputs_embeds
+    out = model(position_ids=batch.position_ids, use_cache=False, **kwargs)
     logits = out.logits if hasattr(out, "logits") else out[0]
     n, t, v = logits.shape
     labels, weights = batch.labels[:, -t:], batch.weights[:, -t:]

@@ -12,14 +12,14 @@ as `rewards.soar.mean_loss`). Every measurement restores the weights it started 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from compassplay.rewards.batch import Example, mean_example_loss
+from compassplay.rewards.batch import Example
 from compassplay.rewards.soar import mean_loss
 
 
@@ -31,66 +31,70 @@ class StepDrops:
     reference: float
 
 
+LossFn = Callable[[nn.Module], float]
+"""The loss of a fixed example set at the model's current weights (`FixedSetLoss`)."""
+
+
 @contextmanager
 def restored(model: nn.Module) -> Iterator[None]:
-    """Run the body, then put every parameter back as it was (bit for bit)."""
-    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    """Run the body, then put every trainable parameter back as it was (bit for bit; the
+    frozen ones are never stepped)."""
+    saved = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
     try:
         yield
     finally:
         with torch.no_grad():
             for n, p in model.named_parameters():
-                p.copy_(saved[n])
+                if n in saved:
+                    p.copy_(saved[n])
                 p.grad = None
 
 
-def _grad_step(model: nn.Module, example: Example, pad_id: int) -> list[nn.Parameter]:
-    params = [p for p in model.parameters() if p.requires_grad]
+def _trainable(model: nn.Module) -> list[nn.Parameter]:
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def loss_gradient(model: nn.Module, examples: list[Example],
+                  pad_id: int = 0) -> list[torch.Tensor]:
+    """The gradient of the mean loss of `examples` at the current weights, one detached tensor
+    per trainable parameter in `model.parameters()` order: g(x) of one candidate, or g_ref of
+    the reference set."""
+    params = _trainable(model)
     for p in params:
         p.grad = None
-    mean_loss(model, [example], pad_id).backward()
-    return params
-
-
-def optimizer_step_drops(model: nn.Module, example: Example, heldout: list[Example],
-                         reference: list[Example], before: StepDrops, *, lr: float,
-                         max_grad_norm: float, pad_id: int = 0) -> StepDrops:
-    """One step of the learner's optimizer (AdamW as `engines.torch_learner`, a fresh state,
-    gradient clipped to `max_grad_norm`) on `example`'s loss; the drops of the held-out and
-    reference losses from `before` (their values at the starting weights)."""
-    with restored(model):
-        params = _grad_step(model, example, pad_id)
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        opt.step()
-        return StepDrops(before.heldout - mean_example_loss(model, heldout, pad_id),
-                         before.reference - mean_example_loss(model, reference, pad_id))
-
-
-def reference_gradient(model: nn.Module, reference: list[Example],
-                       pad_id: int = 0) -> list[torch.Tensor]:
-    """g_ref: the gradient of the reference loss at the current weights, one tensor per
-    trainable parameter in `model.parameters()` order (detached copies)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    for p in params:
-        p.grad = None
-    mean_loss(model, reference, pad_id).backward()
+    mean_loss(model, examples, pad_id).backward()
     out = [p.grad.detach().clone() for p in params]
     for p in params:
         p.grad = None
     return out
 
 
-def first_order_drop(model: nn.Module, example: Example, reference: list[Example],
-                     reference_before: float, g_ref: list[torch.Tensor], *, eta: float,
-                     pad_id: int = 0) -> tuple[float, float]:
-    """(realized drop of the reference loss after theta <- theta - eta g(x), and its first-order
-    prediction eta * <g(x), g_ref>); `g_ref` from `reference_gradient` at the same weights."""
+def optimizer_step_drops(model: nn.Module, grad: list[torch.Tensor], heldout: LossFn,
+                         reference: LossFn, before: StepDrops, *, lr: float,
+                         max_grad_norm: float) -> StepDrops:
+    """One step of the learner's optimizer (AdamW as `engines.torch_learner`, a fresh state,
+    gradient clipped to `max_grad_norm`) along a candidate's gradient `grad`
+    (`loss_gradient`); the drops of the held-out and reference losses from `before` (their
+    values at the starting weights)."""
     with restored(model):
-        params = _grad_step(model, example, pad_id)
-        inner = sum(float((p.grad.double() * r.double()).sum()) for p, r in zip(
-            params, g_ref, strict=True))
+        params = _trainable(model)
+        for p, g in zip(params, grad, strict=True):
+            p.grad = g.clone()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        opt.step()
+        return StepDrops(before.heldout - heldout(model), before.reference - reference(model))
+
+
+def first_order_drop(model: nn.Module, grad: list[torch.Tensor], reference: LossFn,
+                     reference_before: float, g_ref: list[torch.Tensor], *,
+                     eta: float) -> tuple[float, float]:
+    """(realized drop of the reference loss after theta <- theta - eta g(x), and its first-order
+    prediction eta * <g(x), g_ref>); `grad` and `g_ref` from `loss_gradient` at the same
+    weights."""
+    inner = sum(float((g.double() * r.double()).sum()) for g, r in zip(grad, g_ref, strict=True))
+    with restored(model):
         with torch.no_grad():
-            for p in params:
-                p.sub_(eta * p.grad)
-        return reference_before - mean_example_loss(model, reference, pad_id), eta * inner
+            for p, g in zip(_trainable(model), grad, strict=True):
+                p.sub_(eta * g)
+        return reference_before - reference(model), eta * inner

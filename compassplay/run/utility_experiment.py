@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     --base and --set)."""
     p.add_argument("--candidates", type=int, default=60, help="utility: eligible candidates "
                    "to collect (the pool)")
+    p.add_argument("--proposals-per-type", type=int, default=16, help="utility: proposals "
+                   "per task type and rollout step while collecting the pool (proposer."
+                   "batch_size; 16 gives about 11 eligible candidates a step with SmolLM2-135M)")
     p.add_argument("--max-steps", type=int, default=200, help="utility: rollout steps at most "
                    "while collecting the pool")
     p.add_argument("--heldout-items", type=int, default=24, help="utility: held-out MATH "
@@ -56,7 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run_utility(args: argparse.Namespace) -> int:
     """The whole experiment; returns the exit code."""
     base = args.base or "default"
-    cfg = load_config(base, [*args.overrides])
+    # the pool holds proposals only: no seed (buffer) task is solved (--set may override)
+    cfg = load_config(base, [f"proposer.batch_size={args.proposals_per_type}",
+                             "solver.seed_tasks_per_step=0", *args.overrides])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     data = Path(args.data_dir) / "math_solutions.jsonl" if args.data_dir else None
@@ -69,7 +74,7 @@ def run_utility(args: argparse.Namespace) -> int:
         log.error("only %d eligible candidates after %d steps: nothing to rank", len(pool),
                   args.max_steps)
         return 1
-    measure(cfg, pool, data, out, args)
+    measure(cfg, pool[:args.candidates], data, out, args)
     summary = summarize(out, base, args, time.time() - t0)
     from compassplay.run.utility_report import write_report
 
@@ -140,15 +145,16 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
             args: argparse.Namespace) -> None:
     """Scores and utilities of every pool candidate not yet in candidates.jsonl."""
     from compassplay.models.bootstrap import load_policy
-    from compassplay.rewards.batch import Example, mean_example_loss
+    from compassplay.rewards.batch import Example
+    from compassplay.rewards.fixed_set_loss import FixedSetLoss
     from compassplay.rewards.functions import token_jaccard
     from compassplay.rewards.gradient import GradientScorer
     from compassplay.rewards.reference_set import load_reference
     from compassplay.rewards.utility import (
         StepDrops,
-            first_order_drop,
+        first_order_drop,
+        loss_gradient,
         optimizer_step_drops,
-        reference_gradient,
     )
     from compassplay.step.prompting import reference_examples
     from compassplay.workers.builders import freeze_except, scorer_params
@@ -175,22 +181,25 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
     scorer.set_reference(reference)
     part = scorer.partials(examples)
     ref_sq = float(scorer.reference.sq)
-    before = StepDrops(mean_example_loss(model, heldout, pad),
-                       mean_example_loss(model, reference, pad))
-    g_ref = reference_gradient(model, reference, pad)
+    heldout_loss, reference_loss = FixedSetLoss(model, heldout, pad), \
+        FixedSetLoss(model, reference, pad)
+    before = StepDrops(heldout_loss(model), reference_loss(model))
+    g_ref = loss_gradient(model, reference, pad)
     lr = args.lr or cfg.learner.lr
     rng = random.Random(cfg.run.seed)
-    log.info("measuring %d candidates (held-out loss %.4f, reference loss %.4f nats/token)",
-             len(todo), before.heldout, before.reference)
+    log.info("measuring %d candidates (held-out loss %.4f, reference loss %.4f nats/token; "
+             "%d frozen layers cached)", len(todo), before.heldout, before.reference,
+             heldout_loss.prefix_layers)
     for i, (c, ex) in enumerate(zip(todo, examples, strict=True)):
         t = time.time()
         inner, sq = float(part.inner[i]), float(part.sq[i])
         cos = inner / math.sqrt(sq * ref_sq) if sq > 0 and ref_sq > 0 else 0.0
         nov = 1.0 - token_jaccard(c.get("novelty_tokens", []), c.get("seed_tokens", []))
-        drops = optimizer_step_drops(model, ex, heldout, reference, before, lr=lr,
-                                     max_grad_norm=cfg.learner.max_grad_norm, pad_id=pad)
-        realized, predicted = first_order_drop(model, ex, reference, before.reference, g_ref,
-                                               eta=args.eta, pad_id=pad)
+        grad = loss_gradient(model, [ex], pad)
+        drops = optimizer_step_drops(model, grad, heldout_loss, reference_loss, before, lr=lr,
+                                     max_grad_norm=cfg.learner.max_grad_norm)
+        realized, predicted = first_order_drop(model, grad, reference_loss, before.reference,
+                                               g_ref, eta=args.eta)
         row = {"task_id": c["task_id"], "task_type": c["task_type"], "step": c["step"],
                "solve_rate": c["solve_rate"], "score_cos": cos, "score_inner": inner,
                "score_difficulty": 1.0 - c["solve_rate"], "score_novelty": nov,

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 from compassplay.rewards.batch import Example, mean_example_loss
+from compassplay.rewards.fixed_set_loss import FixedSetLoss, frozen_prefix_layers
 from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.soar import mean_loss
 from compassplay.rewards.utility import (
     StepDrops,
     first_order_drop,
+    loss_gradient,
     optimizer_step_drops,
-    reference_gradient,
 )
 from tests.tiny_models import tiny_causal_lm
 
@@ -30,7 +31,8 @@ def test_optimizer_step_equals_adamw_on_a_copy_and_restores_the_weights():
     cand, held, ref = _examples(0, 1)[0], _examples(1, 5), _examples(2, 4)
     before = StepDrops(mean_example_loss(model, held), mean_example_loss(model, ref))
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    got = optimizer_step_drops(model, cand, held, ref, before, lr=1e-3, max_grad_norm=1.0)
+    got = optimizer_step_drops(model, loss_gradient(model, [cand]), FixedSetLoss(model, held),
+                               FixedSetLoss(model, ref), before, lr=1e-3, max_grad_norm=1.0)
     for n, p in model.named_parameters():
         assert torch.equal(p, start[n]), n
     oracle = copy.deepcopy(model)
@@ -54,11 +56,56 @@ def test_first_order_prediction_matches_the_realized_drop_for_small_eta():
     scorer = GradientScorer(model, params="all")
     scorer.set_reference(ref)
     inner = scorer.partials(cands).inner
-    g_ref = reference_gradient(model, ref)
+    g_ref, ref_loss = loss_gradient(model, ref), FixedSetLoss(model, ref)
     for i, cand in enumerate(cands):
-        small_real, small_pred = first_order_drop(model, cand, ref, r0, g_ref, eta=1e-3)
+        grad = loss_gradient(model, [cand])
+        small_real, small_pred = first_order_drop(model, grad, ref_loss, r0, g_ref, eta=1e-3)
         assert small_pred == pytest.approx(1e-3 * float(inner[i]), rel=1e-4)
         assert small_real == pytest.approx(small_pred, rel=0.06)  # measured 1-5%
-        big_real, big_pred = first_order_drop(model, cand, ref, r0, g_ref, eta=1e-2)
+        big_real, big_pred = first_order_drop(model, grad, ref_loss, r0, g_ref, eta=1e-2)
         # 10x the step: the remainder grows ~100x (measured 51-134x); linear error: 10x
         assert abs(big_real - big_pred) > 25 * abs(small_real - small_pred)
+
+
+def _freeze_below(model, k: int) -> None:
+    """Embeddings and decoder layers < k frozen, the rest trainable."""
+    for name, p in model.named_parameters():
+        frozen = "embed_tokens" in name or any(f"layers.{i}." in name for i in range(k))
+        p.requires_grad_(not frozen)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_fixed_set_loss_with_a_cached_frozen_prefix_equals_the_plain_forward(tie):
+    """After the trainable top changes (as one optimizer step changes it), the loss from the
+    cached layer-k hidden states equals the whole model's forward (the oracle)."""
+    model = tiny_causal_lm(seed=3, num_layers=3, tie=tie)
+    if tie:
+        for p in model.parameters():  # the tied head is the embedding: freezing it is the point
+            p.requires_grad_(True)
+        model.model.layers[0].requires_grad_(False)
+        model.model.embed_tokens.requires_grad_(False)
+    else:
+        _freeze_below(model, 2)
+    held = _examples(5, 7)
+    start = mean_example_loss(model, held)
+    loss = FixedSetLoss(model, held, max_batch_tokens=24)  # several micro-batches
+    assert loss.prefix_layers == (1 if tie else 2)
+    assert loss(model) == pytest.approx(mean_example_loss(model, held), abs=1e-6)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.05 * torch.randn(p.shape, generator=g))
+    moved = mean_example_loss(model, held)
+    assert abs(moved - start) > 1e-3  # the cache is not stale: the loss moved
+    assert loss(model) == pytest.approx(moved, abs=1e-5)
+
+
+def test_fixed_set_loss_runs_the_whole_model_when_the_embeddings_train():
+    model = tiny_causal_lm(seed=4, num_layers=2)
+    assert frozen_prefix_layers(model) == 0
+    held = _examples(6, 3)
+    loss = FixedSetLoss(model, held)
+    assert loss.prefix_layers == 0 and loss(model) == mean_example_loss(model, held)
+    _freeze_below(model, 2)  # everything but the final norm (and an untied head) frozen
+    assert frozen_prefix_layers(model) == 2
