@@ -109,3 +109,13 @@ def test_fixed_set_loss_runs_the_whole_model_when_the_embeddings_train():
     assert loss.prefix_layers == 0 and loss(model) == mean_example_loss(model, held)
     _freeze_below(model, 2)  # everything but the final norm (and an untied head) frozen
     assert frozen_prefix_layers(model) == 2
+
+
+def test_fixed_set_loss_falls_back_to_the_plain_forward_when_its_check_disagrees(caplog):
+    """A negative tolerance makes any check fail: the loss must then run the whole model."""
+    model = tiny_causal_lm(seed=5, num_layers=3)
+    _freeze_below(model, 2)
+    held = _examples(7, 4)
+    loss = FixedSetLoss(model, held, check_tol=-1.0)
+    assert loss.prefix_layers == 0 and "using the plain forward" in caplog.text
+    assert loss(model) == mean_example_loss(model, held)
