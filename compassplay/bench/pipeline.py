@@ -96,9 +96,10 @@ def stand_in_bench(args: argparse.Namespace) -> dict:
     actors = ActorSet(*(_Sleeper.remote(stages) for _ in range(2)), [_Sleeper.remote(stages)],
                       [_Sleeper.remote(stages)], _Sleeper.remote(stages))
     ray.get([a.incarnation.remote() for a in actors.all()])
-    t0 = time.perf_counter()
-    Pipeline(cfg, Path(tempfile.mkdtemp()), actors, runlog=None).run()
-    pipelined = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="compassplay-bench-") as run_dir:
+        t0 = time.perf_counter()
+        Pipeline(cfg, Path(run_dir), actors, runlog=None).run()
+        pipelined = time.perf_counter() - t0
     total = sum(stages.values())
     slowest = max(gen, ver, args.scoring_s, args.learning_s)
     ideal = (args.steps - 1) * slowest + total
@@ -116,13 +117,13 @@ def stand_in_bench(args: argparse.Namespace) -> dict:
 def real_bench(args: argparse.Namespace) -> dict:
     from compassplay.executors.ray_driver import run_pipeline
 
-    run_dir = Path(tempfile.mkdtemp()) / "bench"
     cfg = load_config(args.config, [f"pipeline.steps={args.steps}",
                                     f"pipeline.staleness={args.staleness}",
                                     "logging.progress=false"])
-    t0 = time.perf_counter()
-    pipe = run_pipeline(cfg, run_dir)
-    wall = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory(prefix="compassplay-bench-") as tmp:  # checkpoints too
+        t0 = time.perf_counter()
+        pipe = run_pipeline(cfg, Path(tmp) / "bench")
+        wall = time.perf_counter() - t0
     stats, at = pipe.recorded, pipe.recorded_at
     stage_names = sorted({k for s in stats for k in s.stage_seconds})
     per_stage = {k: round(statistics.median(s.stage_seconds.get(k, 0.0) for s in stats), 4)

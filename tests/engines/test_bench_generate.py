@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 import pytest
 import torch
@@ -40,9 +41,13 @@ def test_bench_generate_both_engines_same_prompts_side_by_side(monkeypatch):
 
     real, seen = generate._engine, {}
 
-    def engine(kind, name, device, seed):
+    workdirs = []
+
+    def engine(kind, name, device, seed, workdir):
+        assert os.path.isdir(workdir)
+        workdirs.append(workdir)
         if kind == "hf":
-            eng, vocab = real(kind, name, device, seed)
+            eng, vocab = real(kind, name, device, seed, workdir)
         else:
             eng, vocab = VLLMGenerationEngine("unused", tokenizer=object(), llm=FakeLLM(
                 {"w": torch.ones(2)}), sampling_params_cls=fake_sampling_params,
@@ -56,6 +61,7 @@ def test_bench_generate_both_engines_same_prompts_side_by_side(monkeypatch):
     out = generate.run(_args("--engine", "both", "--batch-size", "2", "--new-tokens", "4",
                              "--prompt-tokens", "3", "--reps", "1"))
     hf, vllm = out["results"]
+    assert len(workdirs) == 2 and not any(os.path.exists(w) for w in workdirs)  # cleaned up
     assert (hf["engine"], hf["device"], vllm["engine"], vllm["device"]) == (
         "hf", "cpu", "vllm", "cpu")
     assert seen["hf"] == seen["vllm"] and vllm["tokens_per_s"] > 0
