@@ -22,6 +22,7 @@ from compassplay.actors.shells import (
 )
 from compassplay.config import ActorResources, RunConfig
 from compassplay.errors import ActorStartError
+from compassplay.sync.gpu_members import ipc_roles
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,38 @@ def _bundle(res: ActorResources) -> dict[str, float]:
     if res.num_gpus:
         b["GPU"] = res.num_gpus
     return {k: v for k, v in b.items() if v}
+
+
+def _merged(parts: list[ActorResources]) -> dict[str, float]:
+    """One bundle holding every resource of `parts` (summed)."""
+    out: dict[str, float] = {}
+    for res in parts:
+        for k, v in _bundle(res).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
+
+
+def bundle_plan(cfg: RunConfig) -> tuple[list[dict[str, float]], dict[str, int]] | None:
+    """The run's STRICT_PACK placement group, if it has one: (bundles, role -> bundle index;
+    scorers as scorer-i). learner.weight_sync=ipc puts the learner and the vLLM generators in
+    bundle 0 (one bundle: one node, and with GPU fractions adding up to at most 1 one GPU, as
+    vLLM's examples/rl/rlhf_ipc.py does), else Ray may place them on different GPUs and
+    the engines find no handles for theirs; `cluster.placement=pack_scorers_with_learner` adds
+    the scorers' bundles (after the learner ranks')."""
+    c, n, world = cfg.cluster, cfg.scorer.num_scorers, cfg.learner.num_ranks
+    together = ipc_roles(cfg)
+    if not together and c.placement != "pack_scorers_with_learner":
+        return None
+    if together:
+        bundles = [_merged([getattr(c, r) for r in together])]
+        roles = dict.fromkeys(together, 0)
+    else:
+        bundles = [_bundle(c.learner)] * world
+        roles = {"learner": 0}
+    if c.placement == "pack_scorers_with_learner":
+        roles.update({f"scorer-{i}": len(bundles) + i for i in range(n)})
+        bundles = bundles + [_bundle(c.scorer)] * n
+    return bundles, roles
 
 
 def actor_options(res: ActorResources, name: str, policy: dict, pg=None,
@@ -190,25 +223,33 @@ def create_actors(cfg: RunConfig, run_dir: str, restore: bool) -> ActorSet:
     """One proposer, one solver, N verifiers, M scorer shards and a learner group of
     `learner.num_ranks` ranks, named by role; an eval actor when `eval.every_steps` > 0."""
     c, run = cfg.cluster, cfg.run.name
-    n, world = cfg.scorer.num_scorers, cfg.learner.num_ranks
+    n = cfg.scorer.num_scorers
     pgs = []
     pg = None
-    if c.placement == "pack_scorers_with_learner":
-        pg = placement_group([_bundle(c.learner)] * world + [_bundle(c.scorer)] * n,
-                             strategy="STRICT_PACK", name=f"{run}:learner+scorers")
+    plan = bundle_plan(cfg)
+    roles: dict[str, int] = {}
+    if plan is not None:
+        bundles, roles = plan
+        name = "+".join(["learner"] + (["generators"] if ipc_roles(cfg) else [])
+                        + (["scorers"] if any(r.startswith("scorer") for r in roles) else []))
+        pg = placement_group(bundles, strategy="STRICT_PACK", name=f"{run}:{name}")
         wait_placement_group(pg, c.startup_timeout_s)
         pgs.append(pg)
     learner_pg = pg or learner_placement(cfg)
     if learner_pg is not None and learner_pg is not pg:
         pgs.append(learner_pg)
     learner = create_learner(cfg, run_dir, restore, learner_pg)
+
+    def where(role: str) -> tuple[Any, int | None]:
+        return (pg, roles[role]) if role in roles else (None, None)
+
     scorers = [ScorerActor.options(**actor_options(
-        c.scorer, f"{run}:scorer-{i}", RETRY_FOREVER, pg, None if pg is None else world + i)
+        c.scorer, f"{run}:scorer-{i}", RETRY_FOREVER, *where(f"scorer-{i}"))
     ).remote(cfg, i, n) for i in range(n)]
     proposer = ProposerActor.options(**actor_options(
-        c.proposer, f"{run}:proposer", RESTART_ONLY)).remote(cfg)
+        c.proposer, f"{run}:proposer", RESTART_ONLY, *where("proposer"))).remote(cfg)
     solver = SolverActor.options(**actor_options(
-        c.solver, f"{run}:solver", RESTART_ONLY)).remote(cfg)
+        c.solver, f"{run}:solver", RESTART_ONLY, *where("solver"))).remote(cfg)
     lean_fleet = make_lean_fleet(cfg) if uses_lean_fleet(cfg) else None
     verifiers = [VerifierActor.options(**actor_options(
         c.verifier, f"{run}:verifier-{i}", RETRY_FOREVER)).remote(cfg, lean_fleet)

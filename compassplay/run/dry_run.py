@@ -4,7 +4,9 @@ Checks what a run would otherwise find out minutes (or GPU-hours) in: the enviro
 programs, SOAR's held-out seeds, the Lean target set), the reference set, SOAR's held-out
 problems and their disjointness from the reference set, the evaluation data, the GPU memory
 plan (`memory_plan`: what each GPU role needs and whether the roles that may share a GPU fit,
-run/memory_plan.py) and the resource plan of the Ray executor. A problem raises ConfigError
+run/memory_plan.py) and the GPUs of NCCL groups and CUDA IPC (`sync.gpu_members`: no two members of one NCCL
+communicator may share a GPU; the learner and vLLM generators of `weight_sync=ipc` must) and
+the resource plan of the Ray executor. A problem raises ConfigError
 naming the field (exit code 2).
 """
 
@@ -57,12 +59,20 @@ def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
     if cfg.eval.every_steps:
         out["eval_data"] = _eval_data(cfg)
     from compassplay.run.memory_plan import plan_memory
+    from compassplay.sync.gpu_members import check_exclusive_gpus, check_ipc_colocation
 
+    if executor == "ray":  # (the local executor syncs in process, on one device)
+        check_exclusive_gpus(cfg)  # NCCL: no two ranks of one communicator on one GPU
+        check_ipc_colocation(cfg)  # CUDA IPC: the learner and vLLM generators on one GPU
     out["memory_plan"] = plan_memory(cfg, executor).to_dict()  # ConfigError: does not fit
     if executor == "ray":
-        from compassplay.actors.placement import requests
+        from compassplay.actors.placement import bundle_plan, requests
 
         plan = requests(cfg)
+        packed = bundle_plan(cfg)
+        if packed is not None:
+            out["placement_group"] = {"strategy": "STRICT_PACK", "bundles": packed[0],
+                                      "roles": packed[1]}
         out["resources"] = plan
         out["resources_total"] = {k: round(sum(r.get(k, 0.0) for r in plan.values()), 4)
                                   for k in ("CPU", "GPU")}

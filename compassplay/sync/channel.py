@@ -40,6 +40,14 @@ import torch
 
 from compassplay.config import ConfigError, RunConfig
 from compassplay.sync.buckets import NCCLBroadcastSync
+from compassplay.sync.gpu_members import (
+    check_distinct_devices,
+    check_exclusive_gpus,
+    check_ipc_colocation,
+    gather_device_ids,
+)
+from compassplay.sync.identity import device_id
+from compassplay.sync.pynccl import SYNC_TIMEOUT_S
 from compassplay.sync.versions import StaleWeightsError, check_offered
 
 log = logging.getLogger(__name__)
@@ -70,6 +78,7 @@ def check_weight_sync(cfg: RunConfig, embedded: bool = True) -> None:
         raise ConfigError("learner.weight_sync=nccl needs a GPU on the learner and on every "
                           "receiver; set " + ", ".join(f"cluster.{n}.num_gpus" for n in no_gpu)
                           + " > 0 or use learner.weight_sync=object_store")
+    check_exclusive_gpus(cfg)
     if not cfg.learner.shared_model:
         raise ConfigError("learner.weight_sync=nccl needs learner.shared_model=true (one "
                           "broadcast serves proposer, solver and scorers); use "
@@ -82,8 +91,9 @@ def check_weight_sync(cfg: RunConfig, embedded: bool = True) -> None:
 
 def _check_ipc(cfg: RunConfig, embedded: bool) -> None:
     """learner.weight_sync=ipc: the learner and the vLLM generators need GPUs (the config
-    already checked vLLM, TP 1, sleep mode and a shared model). Whether they share one GPU is
-    known only on the GPU: a vLLM worker on another GPU refuses the update, naming both."""
+    already checked vLLM, TP 1, sleep mode and a shared model), fractions of one GPU
+    (`sync.gpu_members.check_ipc_colocation`; the Ray executor places them in one bundle). A
+    vLLM worker that still finds itself on another GPU refuses the update, naming both."""
     if embedded and not torch.cuda.is_available():
         raise ConfigError("learner.weight_sync=ipc needs CUDA GPUs, but torch.cuda is not "
                           "available here; use learner.weight_sync=object_store on CPU")
@@ -95,6 +105,7 @@ def _check_ipc(cfg: RunConfig, embedded: bool) -> None:
         raise ConfigError("learner.weight_sync=ipc needs a GPU on the learner and on each vLLM "
                           "generator (colocated: fractions of the same GPU); set "
                           + ", ".join(f"cluster.{n}.num_gpus" for n in no_gpu) + " > 0")
+    check_ipc_colocation(cfg)
     if cfg.pipeline.staleness > 0:
         log.warning("learner.weight_sync=ipc: vLLM generators take each version as soon as "
                     "it is published, so pipeline.staleness=%d acts as 0 for them",
@@ -122,6 +133,13 @@ class StoreBroadcaster:
             raise ValueError(f"unknown backend {backend!r} (expected 'nccl' or 'gloo')")
         self.rank, self._objects = rank, 0
 
+    def close(self) -> None:
+        """Abort the process group (a peer may be dead: no barrier); idempotent."""
+        pg, self.pg = getattr(self, "pg", None), None
+        abort = getattr(pg, "abort", None)
+        if abort is not None:
+            abort()
+
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         opts = torch.distributed.BroadcastOptions()
         opts.rootRank = src
@@ -141,12 +159,15 @@ class NcclChannel:
 
     All ranks construct the channel concurrently (the group forms collectively) and then call
     send/receive together, one receive per send. `version` is the last version sent or
-    received (start it at what the rank holds)."""
+    received (start it at what the rank holds). `timeout_s`: how long a receiver waits for
+    the next broadcast (both transports). With NCCL every member reports its GPU when the
+    group forms and a GPU shared by two ranks is refused (`sync.gpu_members`). `close()`
+    destroys the communicator (before the group re-forms)."""
 
     def __init__(self, master_addr: str, master_port: int, rank: int, world_size: int,
                  bucket_bytes: int = 256 << 20, backend: str = "nccl",
                  transport: Transport = "torch", version: int = 0,
-                 timeout_s: float = 1800.0) -> None:
+                 timeout_s: float = SYNC_TIMEOUT_S) -> None:
         if backend == "nccl" and not torch.cuda.is_available():
             raise ConfigError("learner.weight_sync=nccl: this process has no CUDA device "
                               "(give every receiver and the learner a GPU, or use "
@@ -157,11 +178,22 @@ class NcclChannel:
         if transport == "vllm":
             from compassplay.sync.pynccl import vllm_broadcast_group
 
-            comm: Any = vllm_broadcast_group(master_addr, master_port, rank, world_size, device)
+            comm: Any = vllm_broadcast_group(master_addr, master_port, rank, world_size, device,
+                                             timeout_s=timeout_s)
         else:
             comm = StoreBroadcaster(master_addr, master_port, rank, world_size, backend,
                                     datetime.timedelta(seconds=timeout_s))
+            if device.type == "cuda":  # (the vLLM transport checks before NCCL's init)
+                check_distinct_devices(gather_device_ids(comm, rank, world_size,
+                                                         device_id(device)))
+        self.comm = comm
         self.sync = NCCLBroadcastSync(comm, src=0, bucket_bytes=bucket_bytes, device=device)
+
+    def close(self) -> None:
+        """Destroy this rank's communicator (idempotent); the channel is unusable after."""
+        comm, self.comm = getattr(self, "comm", None), None
+        if comm is not None:
+            comm.close()
 
     def send(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Broadcast `state` as `version` (rank 0 only; versions never go down)."""
@@ -196,9 +228,18 @@ class NcclChannel:
         return state
 
 
+_OPEN: list[NcclChannel] = []  # the channel open_channel opened last in this process
+
+
 def open_channel(cfg: RunConfig, addr: str, port: int, rank: int, world_size: int,
                  version: int = 0) -> NcclChannel:
-    """The run's channel for `rank` (NCCL, bucket size and transport from the config)."""
-    return NcclChannel(addr, port, rank, world_size,
-                       bucket_bytes=cfg.learner.sync_bucket_mb << 20,
-                       transport=transport_for(cfg), version=version)
+    """The run's channel for `rank` (NCCL, bucket size and transport from the config). A
+    role is one process with one channel: the one this process opened before (a group
+    re-formed after a recovery) is closed first, so no communicator leaks."""
+    while _OPEN:
+        _OPEN.pop().close()
+    ch = NcclChannel(addr, port, rank, world_size,
+                     bucket_bytes=cfg.learner.sync_bucket_mb << 20,
+                     transport=transport_for(cfg), version=version)
+    _OPEN.append(ch)
+    return ch
