@@ -67,6 +67,7 @@ from compassplay.engines.vllm_support import (  # noqa: F401 - re-exported
 )
 from compassplay.records import Generation
 from compassplay.sync.buckets import encode_named
+from compassplay.sync.pynccl import SYNC_TIMEOUT_S
 
 WORKER_EXTENSION = "compassplay.engines.vllm_worker.WeightSyncWorkerExtension"
 CPU_KV_CACHE_BYTES = 1 << 30  # vLLM's CPU platform would take a fraction of all RAM
@@ -305,11 +306,14 @@ class VLLMGenerationEngine(GenerationEngine):
             self._load(version, lambda: self._rpc("compassplay_load_ipc", path, version))
 
     def init_weight_broadcast(self, host: str, port: int, rank_offset: int,
-                              world_size: int) -> list[int]:
-        """Make every worker join the learner's NCCL weight-sync group (once), as ranks
-        rank_offset .. rank_offset + TP*PP - 1; returns the ranks joined."""
+                              world_size: int, timeout_s: float = SYNC_TIMEOUT_S) -> list[int]:
+        """Make every worker join the learner's NCCL weight-sync group (once per group; a
+        worker destroys the communicator of the group it joined before), as ranks
+        rank_offset .. rank_offset + TP*PP - 1; returns the ranks joined. `timeout_s`: how
+        long a worker waits for a broadcast (`sync.pynccl`)."""
         self._gpu_only("learner.weight_sync=nccl")
-        ranks = self._rpc("compassplay_join_group", host, port, rank_offset, world_size)
+        ranks = self._rpc("compassplay_join_group", host, port, rank_offset, world_size,
+                          float(timeout_s))
         if sorted(ranks) != list(range(rank_offset, rank_offset + len(ranks))):
             raise RuntimeError(f"vLLM workers joined the weight-sync group as ranks {ranks}, "
                                f"expected {rank_offset}..{rank_offset + len(ranks) - 1}")

@@ -18,15 +18,20 @@ the checkpoint layout, loads, and re-runs the post-processing per layer. Transpo
   schema, so a large tensor would not arrive); the first bucket starts the reload, the last
   finishes it.
 * NCCL (`learner.weight_sync=nccl`, GPU): `compassplay_join_group(host, port, rank_offset,
-  world)` once, then `compassplay_receive_broadcast(version, src, bucket_bytes)` per update
-  while the learner broadcasts (`sync.buckets.NCCLBroadcastSync`, each bucket loaded as it
-  arrives, so only one bucket is held outside the model). Each worker joins as
-  ``rank_offset + its rank in the engine's world`` (`sync.ranks`).
+  world, timeout_s)` once per group, then `compassplay_receive_broadcast(version, src,
+  bucket_bytes)` per update while the learner broadcasts (`sync.buckets.NCCLBroadcastSync`,
+  each bucket loaded as it arrives). Each worker joins as ``rank_offset + its rank in the
+  engine's world`` (`sync.ranks`). Joining again (the group re-forms after a recovery)
+  destroys the previous communicator first; a receive that has not finished after
+  `timeout_s` aborts its communicator (a watchdog), so a worker whose peer died does not
+  stay blocked in NCCL and block every later `collective_rpc` (it must join again).
 * CUDA IPC (`learner.weight_sync=ipc`, colocated, GPU): the learner writes a handle file
   (`sync.ipc.publish`); the RPC carries its path, `compassplay_load_ipc` opens this GPU's
   handles.
 
-Every loading method checks the version (an older one is refused with `StaleWeightsError`,
+Every update first abandons a reload an earlier update left unfinished (a failed RPC, a
+dropped last bucket), so no weights buffered by it are mixed into the new one. Every loading
+method checks the version (an older one is refused with `StaleWeightsError`,
 one other than announced is an error) and returns the version it loaded; the engine reports a
 new version only when every worker returned it (`VLLMGenerationEngine`). vLLM wraps a worker's
 exception into its own error whose message carries the original one.
@@ -37,6 +42,7 @@ fake worker, tests/engines/fake_vllm.py).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -44,6 +50,7 @@ import torch
 from compassplay.sync.buckets import NCCLBroadcastSync, decode_named
 from compassplay.sync.identity import device_id
 from compassplay.sync.ipc import open_tensor, read_update
+from compassplay.sync.pynccl import SYNC_TIMEOUT_S
 from compassplay.sync.versions import check_offered
 
 
@@ -54,6 +61,7 @@ class WeightSyncWorkerExtension:
     _compassplay_torn: bool = False  # part of an update may be loaded: weights inconsistent
     _compassplay_reloading: bool = False  # between initialize and finalize of a reload
     _compassplay_comm: Any = None
+    _compassplay_timeout_s: float = SYNC_TIMEOUT_S  # of the group joined last
 
     # ------------------------------------------------------------------ seams (fake: tests)
     def _compassplay_engine_rank(self) -> int:
@@ -66,7 +74,8 @@ class WeightSyncWorkerExtension:
         from compassplay.sync.pynccl import vllm_broadcast_group
 
         return vllm_broadcast_group(host, port, rank, world_size,
-                                    self.device)  # type: ignore[attr-defined]
+                                    self.device,  # type: ignore[attr-defined]
+                                    timeout_s=self._compassplay_timeout_s)
 
     def _compassplay_begin(self) -> None:
         """Start a layerwise reload (vLLM restores the checkpoint layout of every layer)."""
@@ -98,7 +107,9 @@ class WeightSyncWorkerExtension:
 
     # ------------------------------------------------------------------ one update
     def _compassplay_start(self, held: int, announced: int | None, got: int) -> None:
-        """Check the version, then start the reload (the weights are torn until done)."""
+        """Abandon an unfinished earlier reload, check the version, then start the reload
+        (the weights are torn until done)."""
+        self._compassplay_abandon()
         check_offered(held, announced, got)
         self._compassplay_torn = True
         self._compassplay_begin()
@@ -157,15 +168,28 @@ class WeightSyncWorkerExtension:
         return self._compassplay_done(version) if final else -1
 
     def compassplay_join_group(self, host: str, port: int, rank_offset: int,
-                               world_size: int) -> int:
+                               world_size: int, timeout_s: float = SYNC_TIMEOUT_S) -> int:
         """Join the learner's weight-sync group as rank `rank_offset` + this worker's rank in
-        the engine's world; returns that rank."""
+        the engine's world (destroying the communicator of a group joined before); returns
+        that rank. `timeout_s`: how long a receive waits (the store, the watchdog)."""
         rank = int(rank_offset) + self._compassplay_engine_rank()
         if not 0 < rank < world_size:
             raise ValueError(f"weight-sync rank {rank} outside 1..{world_size - 1} "
                              f"(rank_offset {rank_offset}, world size {world_size})")
+        self.compassplay_leave_group()
+        self._compassplay_timeout_s = float(timeout_s)
         self._compassplay_comm = self._compassplay_join(host, port, rank, world_size)
         return rank
+
+    def compassplay_leave_group(self) -> bool:
+        """Destroy this worker's weight-sync communicator, if any; returns whether one was."""
+        comm, self._compassplay_comm = self._compassplay_comm, None
+        if comm is None:
+            return False
+        close = getattr(comm, "close", None)
+        if close is not None:
+            close()
+        return True
 
     def compassplay_receive_broadcast(self, version: int | None, src: int = 0,
                                       bucket_bytes: int = 256 << 20) -> int:
@@ -176,20 +200,38 @@ class WeightSyncWorkerExtension:
             raise RuntimeError("compassplay_receive_broadcast before compassplay_join_group")
         sync = NCCLBroadcastSync(self._compassplay_comm, src=src, bucket_bytes=bucket_bytes,
                                  device=self.device)  # type: ignore[attr-defined]
-        got, parts = sync.receive_buckets()
+        got, parts = sync.receive_buckets()  # the header: the store waits up to timeout_s
+        # the buckets: NCCL has no timeout of its own, so a watchdog aborts a stuck one
+        watchdog = threading.Timer(self._compassplay_timeout_s, self._compassplay_expire)
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            self._compassplay_start(self._compassplay_version, version, got)
-            for part in parts:
-                self._compassplay_load(part)
-        except Exception:
-            for _ in parts:  # drain: every rank takes part in every bucket
-                pass
+            try:
+                self._compassplay_start(self._compassplay_version, version, got)
+                for part in parts:
+                    self._compassplay_load(part)
+            except Exception:
+                for _ in parts:  # drain: every rank takes part in every bucket
+                    pass
+                raise
+            return self._compassplay_done(got)
+        except Exception as exc:
+            if self._compassplay_comm is None:  # the watchdog aborted the communicator
+                raise RuntimeError(f"weight broadcast not received within "
+                                   f"{self._compassplay_timeout_s:.0f} s of its header: "
+                                   "communicator destroyed, join the group again") from exc
             raise
-        return self._compassplay_done(got)
+        finally:
+            watchdog.cancel()
+
+    def _compassplay_expire(self) -> None:
+        """The watchdog: abort the communicator a receive is still blocked in."""
+        self.compassplay_leave_group()
 
     def compassplay_load_ipc(self, path: str, version: int) -> int:
         """Load the tensors a colocated producer published in handle file `path` for this
         worker's GPU (CUDA IPC); returns the version loaded."""
+        self._compassplay_abandon()  # before any check: no stale reload stays open
         update = read_update(path)
         mine = update["by_device"].get(self._compassplay_device())
         check_offered(self._compassplay_version, int(version), int(update["version"]))

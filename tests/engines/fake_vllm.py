@@ -101,7 +101,8 @@ class FakeWorker(WeightSyncWorkerExtension):
     def _compassplay_join(self, host: str, port: int, rank: int, world_size: int) -> Any:
         self.joined = (rank, world_size)
         return StoreBroadcaster(host, port, rank, world_size, "gloo",
-                                datetime.timedelta(seconds=60))
+                                datetime.timedelta(seconds=min(60.0,
+                                                               self._compassplay_timeout_s)))
 
 
 class FakeLLM:
