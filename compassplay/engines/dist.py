@@ -4,18 +4,29 @@ A learner group is N processes (Ray actors, or any launcher) that form one torch
 group: gloo on CPU, NCCL on GPUs. Rank 0 picks the rendezvous address and port
 (`rendezvous()`); the others get them from whoever starts the group. One rank (`RankInfo()`)
 is the special case: a world of 1 on 127.0.0.1 and a free port.
+
+The rendezvous address (`node_ip()`) is the one other nodes reach, found as Ray and vLLM
+find theirs (the source address of the default route; `COMPASSPLAY_NODE_IP` or
+`VLLM_HOST_IP` override it), not ``gethostbyname(gethostname())``, which is 127.0.1.1 on
+stock Debian/Ubuntu: rank 0 (and DeepSpeed's MASTER_ADDR, the weight-sync store) would
+listen on loopback and no other node could join.
 """
 
 from __future__ import annotations
 
 import atexit
 import datetime
+import ipaddress
+import logging
 import os
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+log = logging.getLogger(__name__)
+IP_ENV = ("COMPASSPLAY_NODE_IP", "VLLM_HOST_IP")  # explicit address, first set wins
 
 
 @dataclass(frozen=True)
@@ -44,9 +55,51 @@ def free_port(host: str = "") -> int:
         return int(s.getsockname()[1])
 
 
+def is_loopback(ip: str) -> bool:
+    """127.0.0.0/8, ::1 (or not an IP address at all)."""
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:
+        return True
+
+
+def route_ip() -> str:
+    """The source address of this node's default route ('' without one): a UDP socket
+    `connect`s (no packet is sent), as Ray's and vLLM's `get_ip` do."""
+    for family, probe in ((socket.AF_INET, "8.8.8.8"), (socket.AF_INET6, "2001:4860:4860::8888")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 80))
+                return str(s.getsockname()[0])
+        except OSError:
+            continue
+    return ""
+
+
+def node_ip() -> str:
+    """This node's IP as other nodes reach it: `IP_ENV`, else the default route's source
+    address, else the host name's address; loopback only when nothing else exists (a
+    machine without a network: one node, logged)."""
+    for var in IP_ENV:
+        if os.environ.get(var):
+            return os.environ[var]
+    found = [route_ip()]
+    try:
+        found.append(socket.gethostbyname(socket.gethostname()))
+    except OSError:
+        pass
+    for ip in found:
+        if ip and not is_loopback(ip):
+            return ip
+    log.warning("no non-loopback address found (%s): groups can only form on this node; "
+                "set COMPASSPLAY_NODE_IP to the address other nodes reach", found)
+    return "127.0.0.1"
+
+
 def rendezvous() -> tuple[str, int]:
-    """(this node's IP as the other ranks reach it, a free port): called on rank 0."""
-    return socket.gethostbyname(socket.gethostname()), free_port()
+    """(this node's IP as the other ranks reach it, `node_ip`; a free port): called on
+    rank 0."""
+    return node_ip(), free_port()
 
 
 def init_group(info: RankInfo, init_fn=None) -> None:
