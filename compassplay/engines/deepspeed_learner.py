@@ -32,6 +32,31 @@ from compassplay.engines.learner import Slot, lr_lambda
 from compassplay.engines.torch_learner import make_adamw, save_weights
 
 _TAG = "state"  # DeepSpeed's own checkpoint tag (older checkpoints, same rank count only)
+# ZeRO-3 + gradient checkpointing + frozen parameters fails in backward (CheckpointError)
+# before this release (fixed by deepspeed PR #8148); pyproject's floor is the same
+ZERO3_CHECKPOINTING_FROZEN = (0, 19, 3)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'0.19.3+abc' -> (0, 19, 3)."""
+    out = []
+    for part in version.split("+")[0].split(".")[:3]:
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits or 0))
+    return tuple(out)
+
+
+def check_deepspeed_version(version: str, cfg: Any, frozen: bool) -> None:
+    """ImportError when this DeepSpeed cannot run the configured learner: ZeRO-3 with
+    gradient checkpointing and `frozen` parameters (learner.trainable) needs
+    `ZERO3_CHECKPOINTING_FROZEN`."""
+    if cfg.zero_stage == 3 and cfg.gradient_checkpointing and frozen \
+            and _release(version) < ZERO3_CHECKPOINTING_FROZEN:
+        need = ".".join(map(str, ZERO3_CHECKPOINTING_FROZEN))
+        raise ImportError(f"learner.zero_stage=3 with learner.gradient_checkpointing and frozen "
+                          f"parameters (learner.trainable={cfg.trainable!r}) fails in backward "
+                          f"on DeepSpeed {version} (CheckpointError, fixed in {need}): "
+                          f"pip install 'deepspeed>={need}'")
 
 
 def make_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> torch.optim.Optimizer:
@@ -114,6 +139,8 @@ class DeepSpeedSlot(Slot):
         self.world_size = torch.distributed.get_world_size()
         fn = lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps)
         params = [p for p in model.parameters() if p.requires_grad]
+        check_deepspeed_version(getattr(ds, "__version__", "0"), cfg,
+                                frozen=len(params) < len(list(model.parameters())))
         self.engine, _, _, _ = ds.initialize(
             model=model, model_parameters=params,
             optimizer=lambda ps: make_optimizer(ps, cfg),

@@ -65,8 +65,11 @@ def make_generation_engine(kind: str, model: Any, tokenizer: Any = None,
 
 def enable_gradient_checkpointing(model: torch.nn.Module) -> None:
     """`learner.gradient_checkpointing`: each transformer block keeps only its input for the
-    backward pass and recomputes the rest (transformers' non-reentrant checkpointing, which
-    also works under ZeRO-3). Needs a transformers model (`gradient_checkpointing_enable`)."""
+    backward pass and recomputes the rest (transformers' non-reentrant checkpointing). Under
+    ZeRO-3 with frozen parameters (learner.trainable) it needs DeepSpeed >= 0.19.3: older
+    releases fail in backward with a CheckpointError (deepspeed PR #8148;
+    `deepspeed_learner.check_deepspeed_version`). Needs a transformers model
+    (`gradient_checkpointing_enable`)."""
     enable = getattr(model, "gradient_checkpointing_enable", None)
     if enable is None:
         raise ValueError(f"learner.gradient_checkpointing=true: {type(model).__name__} has no "
