@@ -7,15 +7,19 @@ Per role, in bytes on each of its GPUs (P parameters, Wm bytes per `model.dtype`
   accounting: weights, working memory, KV cache), or weights + `VLLM_WORKING_BYTES` +
   `kv_cache_mb` when that is set; the KV cache must hold one sequence of the role's context.
   Asleep (sleep mode, level 1: weights offloaded to CPU; level 2: dropped) it holds nothing.
-  NCCL weight sync stages one `learner.sync_bucket_mb` bucket at a time beside it.
+  NCCL weight sync stages buckets beside it (`sync_staging`): a tensor larger than
+  `learner.sync_bucket_mb` travels in a bucket of its own, and vLLM's layerwise loader keeps
+  every loaded tensor until its layer completes, so max(bucket, largest tensor) + one bucket
+  (Qwen2.5-7B: the 1.02 GiB embedding and head, 4x the 256 MiB default).
 * HF engine: weights + the KV cache of the whole batch at the role's context.
 * learner rank: weights, gradients and AdamW state (DeepSpeed in bf16/fp16: fp32 master +
   2 fp32 moments = 12 bytes/param; torch AdamW: 2 moments in the parameters' dtype), sharded
   over `learner.num_ranks` by ZeRO (stage >= 1 the optimizer, >= 2 the gradients, 3 the
   weights, which gathers up to `ZERO3_LIVE_PARAMS` at a time; one gradient reduce bucket),
   plus the activations of one micro-batch of `micro_batch` sequences of the longest context
-  (`Shape.activation_bytes_per_token`), a KL reference copy, and the weight publish (NCCL: a
-  bucket and its device copies; CUDA IPC: a copy of the weights).
+  (`Shape.activation_bytes_per_token`), a KL reference copy, and the weight publish (NCCL:
+  a bucket, at least the largest tensor, and its device copies; CUDA IPC: nothing, the live
+  parameters are shared, except under ZeRO-3, where the gathered copy is).
 * scorer: weights (`scorer.dtype`) + the float32 reference gradient of its parameter share
   (SOAR: a trained copy, its gradients and AdamW moments) + one pass's activations
   (`max_batch_tokens`, or a whole solver sequence when longer).
@@ -128,6 +132,24 @@ def _trainable(shape: Shape, spec: str) -> int:
     return shape.params()
 
 
+def bucket_bytes(cfg: RunConfig, shape: Shape) -> int:
+    """The largest bucket a broadcast sends: `learner.sync_bucket_mb`, or the largest tensor
+    when it is bigger (it gets a bucket of its own, `sync.buckets`)."""
+    wb = DTYPE_BYTES[cfg.model.dtype]
+    return max(cfg.learner.sync_bucket_mb * MiB, shape.largest_tensor_params() * wb)
+
+
+def receiver_staging(cfg: RunConfig, shape: Shape, vllm: bool) -> int:
+    """GPU bytes a weight-sync receiver stages beside its model (nccl; else 0). HF roles and
+    scorers copy each bucket out to the CPU as it arrives: one bucket. vLLM's layerwise
+    reload keeps the tensors of a layer until it completes, so the bucket of the largest
+    tensor may still be held when the next bucket arrives: that bucket + one more."""
+    if cfg.learner.weight_sync != "nccl":
+        return 0
+    big = bucket_bytes(cfg, shape)
+    return big + cfg.learner.sync_bucket_mb * MiB if vllm else big
+
+
 def _awake_always(cfg: RunConfig, role: str) -> bool:
     """The engine holds its memory in every phase: no sleep mode, or rollout overlapping
     scoring and learning (pipeline.staleness > 0)."""
@@ -156,7 +178,7 @@ def vllm_role(cfg: RunConfig, shape: Shape, role: str, gpu_bytes: int) -> RoleMe
             f"{gib(kv)} GiB for the KV cache after the weights ({gib(weights)} GiB) and vLLM's "
             f"working memory ({gib(VLLM_WORKING_BYTES)} GiB); one sequence of {seq} tokens "
             f"({role}.max_model_len, or the model's context) needs {gib(per_seq)} GiB")
-    staging = cfg.learner.sync_bucket_mb * MiB if cfg.learner.weight_sync == "nccl" else 0
+    staging = receiver_staging(cfg, shape, vllm=True)
     awake = _awake_always(cfg, role)
     asleep = budget if awake else 0
     parts = {"weights": weights, "working": VLLM_WORKING_BYTES, "kv_cache": kv,
@@ -177,9 +199,13 @@ def hf_role(cfg: RunConfig, shape: Shape, role: str, sequences: int) -> RoleMemo
     logits = sequences * shape.vocab * 4
     total = weights + kv + logits
     res = cfg.cluster.eval if role == "eval" else getattr(cfg.cluster, role)
-    return RoleMemory(role, res.num_gpus, {"weights": weights, "kv_cache": kv,
-                                           "logits": logits},
-                      dict.fromkeys(PHASES, total), f"cluster.{role}.num_gpus")
+    parts = {"weights": weights, "kv_cache": kv, "logits": logits}
+    staging = 0 if role == "eval" else receiver_staging(cfg, shape, vllm=False)
+    if staging:
+        parts["sync_staging"] = staging
+    return RoleMemory(role, res.num_gpus, parts,
+                      {**dict.fromkeys(PHASES, total), "sync": total + staging},
+                      f"cluster.{role}.num_gpus")
 
 
 def learner_role(cfg: RunConfig, shape: Shape, rank: int) -> RoleMemory:
@@ -200,7 +226,10 @@ def learner_role(cfg: RunConfig, shape: Shape, rank: int) -> RoleMemory:
     kl_ref = p * wb if lc.kl_coef > 0 else 0
     seq = max(sequence_tokens(cfg, shape, r) for r in ("proposer", "solver"))
     act = lc.micro_batch * seq * shape.activation_bytes_per_token(wb, lc.gradient_checkpointing)
-    staging = {"nccl": 2 * lc.sync_bucket_mb * MiB, "ipc": p * wb}.get(lc.weight_sync, 0)
+    # nccl: a bucket and the device copies it is concatenated from; ipc: the live parameters
+    # are shared (`LearnerWorker.publish_ipc`), except ZeRO-3's gathered copy
+    ipc_copy = p * wb if ds and lc.zero_stage == 3 else 0
+    staging = {"nccl": 2 * bucket_bytes(cfg, shape), "ipc": ipc_copy}.get(lc.weight_sync, 0)
     resident = weights + optimizer + kl_ref + (grads if ds else 0)
     parts = {"weights": weights, "grads": grads, "optimizer": optimizer, "zero3_live": live,
              "reduce_bucket": buckets, "kl_reference": kl_ref, "activations": act,
@@ -230,7 +259,7 @@ def scorer_role(cfg: RunConfig, shape: Shape, index: int) -> RoleMemory:
     solver_seq = sequence_tokens(cfg, shape, "solver")
     tokens = max(sc.max_batch_tokens, solver_seq)
     act = tokens * shape.activation_bytes_per_token(wb, checkpointing=False)
-    staging = cfg.learner.sync_bucket_mb * MiB if cfg.learner.weight_sync == "nccl" else 0
+    staging = receiver_staging(cfg, shape, vllm=False)
     knob = "scorer.max_batch_tokens" if sc.max_batch_tokens >= solver_seq \
         else "solver.max_model_len"
     if cfg.reward.kind == "soar":

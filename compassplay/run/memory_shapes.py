@@ -64,6 +64,12 @@ class Shape:
         """Parameters of `learner.trainable` / `scorer.params` = 'last:K': K blocks + final norm."""
         return min(k, self.layers) * self.layer_params() + self.hidden
 
+    def largest_tensor_params(self) -> int:
+        """Elements of the largest single weight: the embedding (or untied head, the same
+        shape), or an MLP / attention projection when wider."""
+        h = self.hidden
+        return max(self.vocab * h, self.intermediate * h, self.q_dim * h)
+
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """KV cache per token: keys and values of every layer."""
         return 2 * self.layers * self.kv_dim * dtype_bytes
