@@ -162,6 +162,12 @@ class DeepSpeedSlot(Slot):
     def lr(self) -> float:
         return float(self.engine.get_lr()[0])
 
+    def release_memory(self) -> None:
+        """Free ZeRO-3's partition cache (the gathered parameters it keeps between uses;
+        `engine.empty_partition_cache()`, a no-op below stage 3), which torch's
+        `empty_cache` alone cannot free. GPU use never run here (docs: never-run GPU lines)."""
+        self.engine.empty_partition_cache()
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights on rank 0 ({} on the other ranks); collective."""
         return dstate.full_state_dict(self._ds, self.engine.module, self.zero_stage)

@@ -125,8 +125,11 @@ class LearnerWorker:
     # learner.weight_sync=ipc: colocated vLLM engines open CUDA IPC handles of the weights
     def publish_ipc(self) -> tuple[int, str]:
         """Publish the current (shared-model) weights on this learner's GPU as CUDA IPC
-        handles (`sync.ipc`); returns (version, handle file). They stay alive until
-        `release_ipc`, which the driver calls after every receiver loaded them."""
+        handles (`sync.ipc`); returns (version, handle file). The handles point at the live
+        parameters (`ipc_weights`: no copy, as vLLM's IPC engine shares them); they stay
+        valid and unchanged until `release_ipc`, which the driver calls after every receiver
+        loaded them: Ray runs this actor's calls in order, so the next learn() starts after
+        it."""
         from compassplay.sync.identity import device_id
         from compassplay.sync.ipc import publish
 
@@ -135,10 +138,11 @@ class LearnerWorker:
         if device.type != "cuda":
             raise RuntimeError("learner.weight_sync=ipc: the learner has no GPU "
                                "(cluster.learner.num_gpus > 0 and CUDA are needed)")
-        state = [(k, v.to(device)) for k, v in self.weights("solver").items()]
+        state = ipc_weights(self.model, self.cfg.learner, device,
+                            lambda: self.weights("solver"))
         # the engines wake (weights, then KV cache) right after this: hand back the blocks
-        # the learner's step left cached in torch's allocator first
-        torch.cuda.empty_cache()
+        # the learner's step left cached (DeepSpeed's partition cache, torch's allocator)
+        self.release_cached_memory(always=True)
         self._ipc = publish({device_id(device): state}, self.weight_version)
         return self.weight_version, self._ipc.path
 
@@ -213,18 +217,25 @@ class LearnerWorker:
                           {"checkpoint": ckpt, "samples": stages.samples(props.step, batch.tasks,
                                                                          scores)})
 
-    def release_cached_memory(self) -> None:
-        """Hand the blocks torch's allocator keeps cached after the step (activations,
-        gathered parameters) back to the driver, when the learner shares its GPU with engines
-        (`run.memory_plan.colocated`). Order: this runs at the end of `learn()`; with
-        pipeline.staleness 0 every engine wake-up follows it, since a sleeping vLLM engine wakes
-        in its next generate() or in a weight load, both of which wait for this update's
-        weights (a snapshot, broadcast or publish_ipc call the learner runs after learn()
-        returned). The memory plan then counts only the learner's resident state (weights,
-        gradients, optimizer) while engines generate; with staleness > 0 rollout overlaps
-        learning and the plan counts the engines awake throughout."""
-        if self.release_cache:
-            torch.cuda.empty_cache()  # GPU only (release_cache needs a CUDA learner)
+    def release_cached_memory(self, always: bool = False) -> None:
+        """Hand the blocks kept cached after the step (activations, gathered parameters) back
+        to the driver, when the learner shares its GPU with engines (`run.memory_plan.
+        colocated`; `always`: whenever the learner is on a GPU): DeepSpeed's ZeRO-3
+        partition cache first (`engine.empty_partition_cache()`, the gathered parameters
+        torch's allocator alone cannot free), then torch's cache. Order: this runs at the end
+        of `learn()`; with pipeline.staleness 0 every engine wake-up follows it, since a
+        sleeping vLLM engine wakes in its next generate() or in a weight load, both of which
+        wait for this update's weights (a snapshot, broadcast or publish_ipc call the learner
+        runs after learn() returned). The memory plan then counts only the learner's resident
+        state (weights, gradients, optimizer) while engines generate; with staleness > 0
+        rollout overlaps learning and the plan counts the engines awake throughout."""
+        if not (self.release_cache or always and torch.cuda.is_available()):
+            return
+        for slot in getattr(self.learner, "slots", {}).values():
+            release = getattr(slot, "release_memory", None)
+            if release is not None:
+                release()
+        torch.cuda.empty_cache()  # GPU only (release_cache needs a CUDA learner)
 
     def _checkpoint(self, step: int, env_state: dict | None) -> str:
         if env_state is None:
@@ -240,6 +251,18 @@ class LearnerWorker:
                                keep_last=self.cfg.learner.keep_last, tokenizer=self.tok)
         self.recent = []
         return str(path)
+
+
+def ipc_weights(model: torch.nn.Module, lc, device: torch.device,
+                full_state) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor on `device`) of the weights a CUDA IPC publish shares: the live
+    parameters and buffers of `model` (HF names, detached: no copy) wherever they are whole
+    on the GPU (torch backend; DeepSpeed below ZeRO-3); under ZeRO-3 (partitioned, or
+    offloaded) the gathered `full_state()` (CPU copies) moved to `device`. `lc`: the
+    learner section."""
+    if lc.backend == "deepspeed" and (lc.zero_stage == 3 or lc.offload_params):
+        return [(k, v.to(device)) for k, v in full_state().items()]
+    return [(k, v.detach().to(device)) for k, v in model.state_dict().items()]
 
 
 def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
