@@ -4,7 +4,9 @@ Each worker is one long-lived ``bwrap`` sandbox with fresh namespaces for networ
 ipc, uts and cgroup; its root is a read-only tmpfs holding read-only binds of the host's system
 directories (``SYSTEM_DIRS``) and the interpreter's prefix, nothing else of the host (no /var,
 /run or homes, so no host socket file); ``/tmp`` and ``/dev/shm`` are private size-limited tmpfs
-mounts, ``/dev`` is read-only, the environment is cleared (only PYTHONHASHSEED is
+mounts, ``/dev`` is a fresh read-only tmpfs holding only read-only binds of the device nodes
+programs need and the stdio symlinks (`dev_layout`: no devpts, so no pseudo-terminal and nothing
+in /dev a run can change for the next), the environment is cleared (only PYTHONHASHSEED is
 set, plus LD_BIND_NOW: the zygote binds every symbol at start, so no forked child resolves, and
 copies, PLT entries; the zygote drops it from the programs' environment) and the zygote runs as
 pid 1 of the pid namespace. Two ways to get there:
@@ -13,10 +15,14 @@ pid 1 of the pid namespace. Two ways to get there:
   dropped except the few the zygote needs to drop each program to a per-worker unprivileged
   uid (so RLIMIT_NPROC binds), bring loopback down, kill leftovers and wipe scratch.
 * rootless mode (``bwrap-userns``, chosen by ``bwrap`` otherwise): bubblewrap creates an
-  unprivileged user namespace (no setuid helper) and the zygote holds no capability at all;
-  RLIMIT_NPROC counts per user namespace, so it binds per worker as well. Started by root
-  (tests, containers), bwrap is launched as ``rootless_uid`` (default 65534).
+  unprivileged user namespace (no setuid helper) and the zygote holds no capability at all
+  once it has sealed /dev (below); RLIMIT_NPROC counts per user namespace, so it binds per
+  worker as well. Started by root (tests, containers), bwrap is launched as ``rootless_uid``
+  (default 65534).
 
+In both modes the zygote also starts with `sandbox_dev.SETUP_CAPS`, only to remount the device
+binds read-only (bubblewrap cannot make a read-only bind that still allows device access); it
+drops them from every capability set before anything else (`sandbox_dev.seal_dev`).
 Programs never hold a capability and run under no_new_privs and the seccomp filter.
 """
 
@@ -32,7 +38,7 @@ import subprocess
 import sys
 import threading
 
-from compassplay.verifiers import sandbox_seccomp
+from compassplay.verifiers import sandbox_dev, sandbox_seccomp
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,7 @@ def check_mode(mode: str) -> None:
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 # Loaded before the worker under their bare names (the worker imports them from sys.modules).
 PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child", "sandbox_scratch",
-             "sandbox_kernel")
+             "sandbox_kernel", "sandbox_dev")
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
 PRIVATE_DIRS = ("/tmp", "/dev")  # fresh tmpfs in every sandbox (/dev/shm is one too)
@@ -262,10 +268,26 @@ def system_binds() -> list[str]:
     return args
 
 
+def dev_layout() -> list[str]:
+    """bwrap arguments for /dev: a fresh tmpfs (read-only once `bwrap_prefix` has mounted
+    /dev/shm on it) with the device nodes of `sandbox_dev.DEV_NODES` bound from the host
+    (the zygote makes each bind read-only: `sandbox_dev.seal_dev`) and the symlinks fd,
+    stdin, stdout and stderr into /proc/self/fd. No devpts (/dev/pts, /dev/ptmx): no
+    pseudo-terminals, each of which holds kernel buffers no limit here counts; no /dev/tty:
+    programs have no controlling terminal."""
+    args = ["--perms", "0755", "--tmpfs", "/dev"]
+    for name in sandbox_dev.DEV_NODES:
+        args += ["--dev-bind", "/dev/" + name, "/dev/" + name]
+    args += ["--symlink", "/proc/self/fd", "/dev/fd"]
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        args += ["--symlink", f"/proc/self/fd/{fd}", "/dev/" + name]
+    return args
+
+
 def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]:
-    """bwrap arguments up to (not including) the command. The root is a read-only tmpfs; the
-    only writable places are /tmp and /dev/shm, each a tmpfs of `tmpfs_mb` MiB (whose use the
-    zygote also counts toward each run's memory limit)."""
+    """bwrap arguments up to (not including) the command. The root and /dev are read-only
+    tmpfs mounts; the only writable places are /tmp and /dev/shm, each a tmpfs of `tmpfs_mb` MiB
+    (whose use the zygote also counts toward each run's memory limit)."""
     args = ["bwrap"]
     if mode == ROOTLESS:
         args += ["--unshare-user", "--uid", str(ROOTLESS_INNER_ID),
@@ -277,18 +299,15 @@ def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]
         "--setenv", "PYTHONHASHSEED", str(hash_seed), "--setenv", "LD_BIND_NOW", "1",
         "--hostname", "sandbox",
         *system_binds(),
-        "--dev", "/dev", "--proc", "/proc",
-        # no pseudo-terminals: each holds kernel buffers no limit here counts
-        "--ro-bind", "/dev/null", "/dev/ptmx", "--ro-bind", "/dev/null", "/dev/pts/ptmx",
+        *dev_layout(), "--proc", "/proc",
         "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
         "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
-        "--remount-ro", "/dev",  # rootless: /dev/stdout, /dev/shm itself stay as they are
+        "--remount-ro", "/dev",  # rootless: its entries belong to the programs' uid
         "--remount-ro", "/",
     ]
     args += ["--cap-drop", "ALL"]
-    if mode == ROOT:
-        for cap in ROOT_CAPS:
-            args += ["--cap-add", cap]
+    for cap in (*(ROOT_CAPS if mode == ROOT else ()), *sandbox_dev.SETUP_CAPS):
+        args += ["--cap-add", cap]
     return args + ["--chdir", "/tmp", "--"]
 
 

@@ -88,3 +88,81 @@ def rss_kb(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1])
     return 0
+
+
+# --- /dev (issue 34). Both programs walk /dev without following symlinks; /dev/shm is writable
+# by design (emptied and restored after every run, see test_sandbox_fresh_state), so only its
+# mode, listing and extended attributes are compared.
+DEV_WALK = (
+    "import os, stat\n"
+    "def walk(p):\n"
+    "    yield p\n"
+    "    if p != '/dev/shm' and stat.S_ISDIR(os.lstat(p).st_mode):\n"
+    "        try:\n"
+    "            names = sorted(os.listdir(p))\n"
+    "        except OSError as e:\n"
+    "            names = []\n"
+    "            print('UNREADABLE', p, e.errno)\n"
+    "        for n in names:\n"
+    "            yield from walk(os.path.join(p, n))\n"
+)
+# One line per entry, then a line naming the sandbox (its /tmp mount's device number).
+DEV_SNAPSHOT = DEV_WALK + (
+    "for p in walk('/dev'):\n"
+    "    st = os.lstat(p)\n"
+    "    if p == '/dev/shm':\n"
+    "        print(p, oct(st.st_mode), st.st_uid, os.listdir(p), os.listxattr(p))\n"
+    "        continue\n"
+    "    link = os.readlink(p) if stat.S_ISLNK(st.st_mode) else ''\n"
+    "    print(p, st.st_ino, oct(st.st_mode), st.st_uid, st.st_gid, st.st_nlink, st.st_rdev,\n"
+    "          st.st_mtime_ns, st.st_ctime_ns, link)\n"
+    "print('SANDBOX', os.stat('/tmp').st_dev)\n"
+)
+# Everything a program might try on every entry of /dev (and on the issue's /dev/ptmx and
+# /dev/pts where they exist); prints "CHANGED <what> <path>" for each attempt that succeeded.
+DEV_ATTACK = DEV_WALK + (
+    "uid, gid = os.getuid(), os.getgid()\n"
+    "paths = list(dict.fromkeys([*walk('/dev'), '/dev/ptmx', '/dev/pts', '/dev/pts/ptmx']))\n"
+    "changed, denied = [], []\n"
+    "def attempt(what, p, f):\n"
+    "    try:\n"
+    "        f()\n"
+    "    except OSError:\n"
+    "        denied.append(what)\n"
+    "    else:\n"
+    "        changed.append(f'{what} {p}')\n"
+    "def make_node(q):\n"
+    "    os.mknod(q, 0o666 | stat.S_IFCHR, os.makedev(1, 3))\n"
+    "MAKE = (('file', lambda q: open(q, 'x').close()), ('dir', os.mkdir), ('fifo', os.mkfifo),\n"
+    "        ('symlink', lambda q: os.symlink('/tmp', q)), ('node', make_node))\n"
+    "for p in paths:\n"
+    "    if p == '/dev/shm' or not os.path.lexists(p):\n"
+    "        continue\n"
+    "    mode = os.lstat(p).st_mode\n"
+    "    attempt('setxattr', p, lambda: os.setxattr(p, 'user.leak', b'1', follow_symlinks=False))\n"
+    "    attempt('chown', p, lambda: os.chown(p, uid, gid, follow_symlinks=False))\n"
+    "    attempt('touch', p, lambda: os.utime(p, None, follow_symlinks=False))\n"
+    "    attempt('utime', p, lambda: os.utime(p, (1, 1), follow_symlinks=False))\n"
+    "    if not stat.S_ISLNK(mode):\n"
+    "        attempt('chmod', p, lambda: os.chmod(p, 0))\n"
+    "    if stat.S_ISCHR(mode):\n"
+    "        for flags in (os.O_RDONLY, os.O_WRONLY):\n"
+    "            try:\n"
+    "                fd = os.open(p, flags)\n"
+    "            except OSError:\n"
+    "                continue\n"
+    "            attempt('futimens', p, lambda: os.utime(fd))\n"
+    "            attempt('fchmod', p, lambda: os.fchmod(fd, 0))\n"
+    "            os.close(fd)\n"
+    "    if stat.S_ISDIR(mode):\n"
+    "        for name, make in MAKE:\n"
+    "            q = os.path.join(p, 'leftover_' + name)\n"
+    "            attempt('create ' + name, q, lambda: make(q))\n"
+    "    attempt('link', p, lambda: os.link(p, '/dev/leftover_link', follow_symlinks=False))\n"
+    "    attempt('rename', p, lambda: os.rename(p, p + '.moved'))\n"
+    "    attempt('remove', p, lambda: (os.rmdir if stat.S_ISDIR(mode) else os.unlink)(p))\n"
+    "print(len(paths), 'paths', len(denied), 'denied')\n"
+    "for c in changed:\n"
+    "    print('CHANGED', c)\n"
+    "print('SANDBOX', os.stat('/tmp').st_dev)\n"
+)

@@ -24,6 +24,7 @@ from compassplay.verifiers import sandbox_seccomp
 from compassplay.verifiers.isolation import ROOT, ROOTLESS
 from compassplay.verifiers.python_sandbox import PythonSandbox
 from tests.verifiers.sandbox_helpers import (
+    DEV_ATTACK,
     HOST_SECRET,
     descendants,
     dir_state,
@@ -231,6 +232,8 @@ ATTACKS = [
            "        open(os.path.join(d, 'leftover'), 'wb').write(b'x' * 2**20)\n"
            "        print('WROTE', d)\n    except OSError as e:\n        print('denied', e.errno)",
            ("ok",), "denied"),
+    # --- issue 34: every entry of /dev (test_sandbox_dev checks the next runs see it unchanged)
+    Attack("change_dev_entries", DEV_ATTACK, ("ok",), "paths"),
     # --- issue 25: host unix sockets (one under /var/lib, one in the visible /etc)
     Attack("host_dirs_visible",  # only system directories and the interpreter are mounted
            "import os\nprint([p for p in ('/var/lib', '/run', '/home', '/work', '/srv', '/mnt',"
