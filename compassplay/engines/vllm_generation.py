@@ -377,3 +377,11 @@ class VLLMGenerationEngine(GenerationEngine):
     @property
     def asleep(self) -> bool:
         return bool(self._asleep)
+
+    @property
+    def weights_dropped(self) -> bool:
+        """The engine slept at level 2 and has not loaded since: its next generate() needs a
+        load first, even of the version it holds (a receiver that skips loads of versions it
+        already holds must check this; `sleep_level: 2` is what saves the CPU copy of the
+        weights where every rollout follows a full replacement: ipc, nccl)."""
+        return not self._weights_valid

@@ -123,3 +123,21 @@ def test_a_receive_stuck_in_nccl_is_aborted_after_the_timeout():
     assert w._compassplay_comm is None  # the next update must join again
     with pytest.raises(RuntimeError, match="before compassplay_join_group"):
         w.compassplay_receive_broadcast(1)
+
+
+def test_an_engine_tells_when_a_level_2_sleep_dropped_its_weights():
+    from compassplay.engines.vllm_generation import VLLMGenerationEngine
+    from tests.engines.fake_vllm import fake_sampling_params
+
+    llm = FakeLLM(_state(0.0))
+    eng = VLLMGenerationEngine("unused", tokenizer=object(), llm=llm,
+                               sampling_params_cls=fake_sampling_params,
+                               enable_sleep_mode=True, sleep_level=2)
+    assert not eng.weights_dropped
+    eng.sleep(level=1)
+    eng.wake_up()
+    assert not eng.weights_dropped  # level 1 keeps a CPU copy
+    eng.sleep()
+    assert eng.weights_dropped  # the next rollout needs a load, even of version 0
+    eng.load_weights(_state(0.0), 0)
+    assert not eng.weights_dropped
