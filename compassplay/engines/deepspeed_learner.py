@@ -135,6 +135,8 @@ class DeepSpeedSlot(Slot):
         ds = _import_deepspeed()
         ensure_distributed(ds, dist)
         self._ds, self.zero_stage = ds, cfg.zero_stage
+        self._can_offload = cfg.zero_stage >= 1 and not cfg.offload_optimizer
+        self._offloaded = False
         self.rank = torch.distributed.get_rank()
         self.world_size = torch.distributed.get_world_size()
         fn = lr_lambda(cfg.schedule, cfg.warmup_steps, total_steps)
@@ -150,10 +152,12 @@ class DeepSpeedSlot(Slot):
         self._schedule0 = copy.deepcopy(self.engine.lr_scheduler.state_dict())
 
     def backward(self, loss: torch.Tensor, last: bool) -> None:
+        self.reload_states()
         self.engine.set_gradient_accumulation_boundary(last)
         self.engine.backward(loss)
 
     def step(self) -> float:
+        self.reload_states()
         self.engine.set_gradient_accumulation_boundary(True)
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
@@ -163,10 +167,27 @@ class DeepSpeedSlot(Slot):
         return float(self.engine.get_lr()[0])
 
     def release_memory(self) -> None:
-        """Free ZeRO-3's partition cache (the gathered parameters it keeps between uses;
-        `engine.empty_partition_cache()`, a no-op below stage 3), which torch's
-        `empty_cache` alone cannot free. GPU use never run here (docs: never-run GPU lines)."""
+        """Between steps on a GPU shared with engines (`LearnerWorker.release_cached_memory`):
+        move the AdamW moments and fp32 master weights to pinned CPU memory
+        (`engine.offload_states`, ZeRO >= 1 without `offload_optimizer`; the bf16 parameters
+        stay, the engines load them by CUDA IPC) and free ZeRO-3's partition cache
+        (`engine.empty_partition_cache()`, the gathered parameters torch's `empty_cache`
+        alone cannot free). The next backward, step, save, load or reset reloads them
+        (`reload_states`). GPU only; never run on a GPU (docs: never-run GPU lines)."""
+        if self._can_offload and not self._offloaded and torch.cuda.is_available():
+            from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum
+
+            self.engine.offload_states(include=[OffloadStateTypeEnum.optim_states,
+                                                OffloadStateTypeEnum.hp_params],
+                                       pin_memory=True)
+            self._offloaded = True
         self.engine.empty_partition_cache()
+
+    def reload_states(self) -> None:
+        """Bring states `release_memory` offloaded back to the GPU (no-op otherwise)."""
+        if self._offloaded:
+            self.engine.reload_states()
+            self._offloaded = False
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights on rank 0 ({} on the other ranks); collective."""
@@ -175,12 +196,14 @@ class DeepSpeedSlot(Slot):
     def reset(self, weights: dict[str, torch.Tensor]) -> None:
         """Weights, fp32 master weights <- `weights`; empty AdamW state; schedule at step 0.
         Collective (ZeRO-3 re-partitions the parameters from rank 0)."""
+        self.reload_states()
         dstate.reset(self._ds, self.engine, weights, self._schedule0)
 
     def save(self, path: Path | None, weights_dir: Path | None) -> None:
         """The full weights gathered from every rank as an HF folder in `weights_dir`
         (`save_weights`) and the rank-count-independent optimizer files
         (`deepspeed_state`) under `path`; rank 0 writes, the others pass None."""
+        self.reload_states()
         state = self.full_state_dict()
         if path is not None:
             save_weights(self.engine.module, weights_dir, state_dict=state)
@@ -189,6 +212,7 @@ class DeepSpeedSlot(Slot):
     def load(self, path: Path, weights_dir: Path) -> None:
         """Restore from `save` by any number of ranks (every rank reads `path`; a shared
         filesystem across nodes); older same-rank-count DeepSpeed checkpoints also load."""
+        self.reload_states()
         if not (path / "optimizer.json").is_file() and (path / "deepspeed").is_dir():
             load_path, _ = self.engine.load_checkpoint(
                 str(path / "deepspeed"), tag=_TAG, load_optimizer_states=True,
