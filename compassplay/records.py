@@ -98,11 +98,14 @@ class Verdict(Record):
 
 
 class Candidate(Record):
-    """An eligible task with a verified solution, ready for gradient scoring.
+    """An eligible task with its verified solutions, ready for gradient scoring.
 
-    `prompt_ids`/`target_ids` are the solver prompt and the verified solution tokens whose mean
-    token cross-entropy defines the candidate loss. `ref_prompt_ids`/`ref_target_ids`, when
-    set (reward.reference=local), are the example whose loss gradient is this candidate's own
+    `prompt_ids` is the solver prompt; `target_ids` the tokens of its first verified solution
+    and `more_target_ids` those of the others (task.verified_solution=attempts: every further
+    correct attempt, in attempt order, repeats kept). The candidate loss is the mean over
+    `solutions` of each one's mean token cross-entropy given the prompt, so g(x) is the mean of
+    the per-solution gradients. `ref_prompt_ids`/`ref_target_ids`, when set
+    (reward.reference=local), are the example whose loss gradient is this candidate's own
     reference: the solver prompt of its seed and the seed's verified solution.
     """
 
@@ -111,10 +114,16 @@ class Candidate(Record):
     solve_rate: float
     prompt_ids: list[int]
     target_ids: list[int]
+    more_target_ids: list[list[int]] = Field(default_factory=list)
     novelty_tokens: list[int] = Field(default_factory=list)
     seed_tokens: list[int] = Field(default_factory=list)
     ref_prompt_ids: list[int] | None = None
     ref_target_ids: list[int] | None = None
+
+    @property
+    def solutions(self) -> list[list[int]]:
+        """Token ids of every verified solution: `target_ids` first, then `more_target_ids`."""
+        return [self.target_ids, *self.more_target_ids]
 
 
 class Score(Record):
@@ -129,6 +138,11 @@ class Score(Record):
     inner: float | None = None
     grad_norm: float | None = None
     novelty: float | None = None
+    # the class reward.normalize=gated_rank gates the proposer's advantage by
+    # (`rewards.shaping`): unparsed, invalid (parsed, ill-posed), ineligible (valid, outside
+    # the band or unscored), copy (eligible, but the novelty factor of kinds novelty and
+    # cos_novelty is 0: the zero-reward class), eligible
+    gate: Literal["unparsed", "invalid", "ineligible", "copy", "eligible"] = "ineligible"
 
 
 class StepStats(Record):
@@ -181,6 +195,11 @@ class StepStats(Record):
     copy_rate: float | None = None
     rename_rate: float | None = None
     eligible_reward_distinct: int | None = None
+    # The share of the proposer's advantage variance that differs between eligible
+    # candidates of one group (the part the reward's score decides; the rest contrasts the
+    # classes), pooled over the step's (task type) groups: `engines.advantages.score_share`.
+    # None when the step has no proposer trajectories.
+    score_advantage_share: float | None = None
     # Lean runs on the Ray executor with verifiers.lean.backend=fleet (None otherwise):
     # LeanVerifier actors when the step was recorded, and the most alive since the last step.
     lean_actors: int | None = None
@@ -234,3 +253,8 @@ class Trajectory(Record):
     task_id: str = ""
     subgroup: str = ""
     advantage: float | None = None
+    # reward.normalize=gated_rank (proposer trajectories): the class level of the gate and
+    # the bounded rank term of the reward's score among recent eligible candidates
+    # (`rewards.shaping`); the advantage is the gate's z-score in the group plus `direction`
+    gate: float | None = None
+    direction: float = 0.0

@@ -28,6 +28,9 @@ peak. `cost_model` is the per-layer path decision of the scorer's cost model
 backward, and the hooks' work per layer kind with its flops.
 With `--dtype bfloat16` the cosines are also compared with a float32 per-candidate oracle at
 the same (upcast) weights on `--fp32-check` candidates (`cos_err_vs_fp32`).
+`--solutions K`: each candidate has K verified solutions of its prompt (the first as above, the
+others of 7/8..1 times its target length), scored as the mean of their losses; the floor is
+then one training step on all of their rows.
 """
 
 from __future__ import annotations
@@ -46,11 +49,13 @@ from compassplay.bench.memory import peak_alloc_mb, peak_rss, reset_peak_rss, sy
 from compassplay.bench.model_shapes import SHAPE_NAMES
 from compassplay.eval.rank_stats import spearman
 from compassplay.rewards.batch import (
+    CandidateExamples,
     Example,
     batch_losses,
     make_batch,
     plan_batches,
     scoring_mode,
+    solution_sets,
 )
 from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.oracle import naive_partials
@@ -76,6 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "size used")
     parser.add_argument("--n-candidates", "--candidates", dest="n_candidates", type=int,
                         default=None, help="default 32 (toy) / 16 (real shapes)")
+    parser.add_argument("--solutions", type=int, default=1,
+                        help="verified solutions per candidate (g(x): their mean loss)")
     parser.add_argument("--seq-len", type=int, default=128,
                         help="toy: prompt+target tokens (max, lengths vary)")
     parser.add_argument("--prompt-tokens", type=int, default=64, help="real shapes")
@@ -142,16 +149,42 @@ def make_examples(n: int, seq_len: int, vocab: int, gen: torch.Generator) -> lis
     return out
 
 
-def floor_step(model: torch.nn.Module, cands: list[Example],
+def with_solutions(cands: list[Example], k: int, vocab: int,
+                   gen: torch.Generator) -> list[CandidateExamples]:
+    """Each candidate with `k - 1` more solutions of its prompt (random tokens, 7/8..1 times its
+    target length); `k <= 1`: unchanged."""
+    if k <= 1:
+        return list(cands)
+    out: list[CandidateExamples] = []
+    for c in cands:
+        m = len(c.target_ids)
+        more = [Example(c.prompt_ids, torch.randint(0, vocab, (int(torch.randint(
+            max(1, m * 7 // 8), m + 1, (1,), generator=gen)),), generator=gen).tolist())
+            for _ in range(k - 1)]
+        out.append([c, *more])
+    return out
+
+
+def cand_tokens(c: CandidateExamples) -> int:
+    """Tokens of a candidate: its longest (prompt, solution) example."""
+    return len(c) if isinstance(c, Example) else max(len(e) for e in c)
+
+
+def floor_step(model: torch.nn.Module, cands: list[CandidateExamples],
                max_batch_tokens: int = 1 << 30) -> None:
     """Batched forward+backward passes (at most `max_batch_tokens` padded tokens each, as the
-    scorer) computing only the summed gradient of the candidates."""
+    scorer) computing only the summed gradient of the candidates (each candidate's solutions
+    weighted as in its loss)."""
     dev = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
+    sets = solution_sets(cands)
+    rows = [e for c in sets for e in c.examples]
+    weights = [w for c in sets for w in c.weights]
     total = None
     with scoring_mode(model):
-        for idx in plan_batches(cands, max_batch_tokens):
-            loss = batch_losses(model, make_batch([cands[i] for i in idx], idx, dev)).sum()
+        for idx in plan_batches(rows, max_batch_tokens):
+            loss = batch_losses(model, make_batch([rows[i] for i in idx], idx, dev,
+                                                  row_weights=[weights[i] for i in idx])).sum()
             gs = torch.autograd.grad(loss, params)
             total = list(gs) if total is None else [t.add_(g) for t, g in zip(total, gs,
                                                                                strict=True)]
@@ -168,13 +201,13 @@ def _setup(args: argparse.Namespace) -> tuple[torch.nn.Module, list[Example], li
         model = model_shapes.build("toy", dtype, dev, args.seed, toy=toy)
         cands = make_examples(args.n_candidates, args.seq_len, args.vocab, gen)
         ref = make_examples(args.n_ref, args.seq_len, args.vocab, gen)
-        return model, cands, ref
+        return model, with_solutions(cands, args.solutions, args.vocab, gen), ref
     args.n_candidates, args.n_ref = args.n_candidates or 16, args.n_ref or 4
     model = build_shape(args.shape, args.layers, args.seed, dtype, dev)
     vocab = model.config.vocab_size
     cands = fixed_examples(args.n_candidates, args.prompt_tokens, args.target_tokens, vocab, gen)
     ref = fixed_examples(args.n_ref, args.prompt_tokens, args.target_tokens, vocab, gen)
-    return model, cands, ref
+    return model, with_solutions(cands, args.solutions, vocab, gen), ref
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -207,7 +240,7 @@ def run(args: argparse.Namespace) -> dict:
         # The first (untimed) round warms up and measures peak memory. Naive's peak is one
         # candidate's forward+backward (they run one at a time): measured on the longest
         # candidate, since the profiler's memory events make the whole loop very slow.
-        longest = max(cands, key=len)
+        longest = max(cands, key=cand_tokens)
         mem = {**{k: peak_alloc_mb(fn, dev) for k, fn in fns.items() if k != "naive"},
                "naive": peak_alloc_mb(lambda: naive_partials(
                    model, scorer.params, rs.grads, [longest]), dev)}
@@ -246,9 +279,12 @@ def run(args: argparse.Namespace) -> dict:
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "n_candidates": len(cands),
-        "seq_len": max(len(c) for c in cands),
-        "tokens_per_candidate": [min(len(c) for c in cands), max(len(c) for c in cands)],
-        "mean_tokens": sum(len(c) for c in cands) / len(cands),
+        "solutions_per_candidate": args.solutions,
+        "rows": sum(c.k for c in solution_sets(cands)),
+        "seq_len": max(cand_tokens(c) for c in cands),
+        "tokens_per_candidate": [min(cand_tokens(c) for c in cands),
+                                 max(cand_tokens(c) for c in cands)],
+        "mean_tokens": sum(cand_tokens(c) for c in cands) / len(cands),
         "params": model_shapes.param_count(model),
         "threads": torch.get_num_threads(),
         "max_batch_tokens": args.max_batch_tokens, "pass_tokens": pass_tokens,
@@ -289,7 +325,7 @@ def run(args: argparse.Namespace) -> dict:
     return out
 
 
-def fp32_errors(model: torch.nn.Module, ref: list[Example], cands: list[Example],
+def fp32_errors(model: torch.nn.Module, ref: list[Example], cands: list[CandidateExamples],
                 batched: list[float], naive_low: list[float]) -> dict:
     """Cosine errors against a float32 per-candidate oracle at the same weights: the model is
     upcast in place (exact), the reference gradient recomputed in float32, and the naive loop
@@ -323,7 +359,7 @@ def _path_summary(paths: dict[str, list[str]]) -> dict[str, list[str]]:
     return by
 
 
-def _subspaces(model: torch.nn.Module, ref: list[Example], cands: list[Example],
+def _subspaces(model: torch.nn.Module, ref: list[Example], cands: list[CandidateExamples],
                full: list[float], args: argparse.Namespace) -> list[dict]:
     specs: list[tuple[str, object]] = [
         (f"last_{k}_blocks", last_blocks_globs(model, k)) for k in args.last_k]

@@ -94,9 +94,13 @@ class TaskSection(Section):
     typed_seed_tasks: bool = Field(True, description="AZR: each buffer task the solver "
                                    "attempts is posed as one of task.types (deduction/abduction "
                                    "seeds as either); false = as stored (io seeds: deduction)")
-    verified_solution: Literal["attempt", "gold"] = Field(
-        "attempt", description="the solution the gradient rewards score a task with: attempt "
-        "= the solver's first correct attempt (none: not scored); gold = the task's own answer")
+    verified_solution: Literal["attempts", "attempt", "gold"] = Field(
+        "attempts", description="the solutions the gradient rewards score a task with (g(x) = "
+        "the gradient of the mean over them of each one's mean token cross-entropy, i.e. the "
+        "mean of the per-solution gradients): attempts = every correct attempt of the solver "
+        "(Lean: every accepted proof; repeated texts count as often as sampled, merged by the "
+        "scorer at no cost); attempt = the first correct attempt only (the earlier behaviour); "
+        "none correct: not scored; gold = the task's own answer (Lean: as attempt)")
     solver_reward: Literal["binary", "azr"] = Field(
         "binary", description="binary: 1 correct, 0 otherwise; azr: 1 correct, -0.5 wrong, "
         "-1 ill-formatted")
@@ -134,7 +138,26 @@ class RewardSection(Section):
         outside = AZR_CODE_OUTSIDE_REWARD if compat and data.get("kind") == "difficulty" else 0.0
         data.setdefault("ineligible_reward", outside)
         data.setdefault("invalid_penalty", float(data.get("format_penalty", -1.0)) / 2)
+        data.setdefault("normalize", "all")  # such configs predate gated_rank
         return data
+
+    @model_validator(mode="after")
+    def _gates_ordered(self) -> RewardSection:
+        """gated_rank z-scores the class levels: they must be strictly ordered, or two classes
+        would tie and a group of them lose its contrast."""
+        if self.normalize != "gated_rank":
+            return self
+        worst = max(self.format_penalty, self.invalid_penalty)
+        if not worst < self.ineligible_reward < 0.0:
+            raise ValueError(
+                "reward.normalize=gated_rank needs max(reward.format_penalty, "
+                f"reward.invalid_penalty) < reward.ineligible_reward < 0 (the eligible gate); "
+                f"got {self.format_penalty}, {self.invalid_penalty}, {self.ineligible_reward} "
+                "(set reward.normalize=all for the plain z-score of these rewards)")
+        if not self.copy_reward < 0.0:
+            raise ValueError(f"reward.copy_reward must be < 0 (below the eligible gate) under "
+                             f"reward.normalize=gated_rank, got {self.copy_reward}")
+        return self
 
     kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar"] = Field(
         "difficulty", description="proposer reward: difficulty = AZR learnability 1 - s for "
@@ -159,17 +182,33 @@ class RewardSection(Section):
         "(checked on public mirrors of absolute_zero_reasoner/rewards/reward_managers.py, "
         "CodeIORewardManager.__call__; AZR's own repository was not readable here); 0 = AZR's "
         "paper equation (r = 0 when s is 0 or 1; this project's choice before 2026-12-01)")
-    normalize: Literal["all", "eligible"] = Field(
-        "all", description="how proposer rewards become advantages, per task type. all = "
-        "AZR's Task-Relative REINFORCE++ (one z-score per task type and role over all "
-        "proposals): the penalties and the ineligible reward set the scale, so the cosine's "
-        "spread among eligible candidates (s.d. 0.02) carries 0.1% of the proposer's advantage "
-        "variance (0.5% with the earlier -0.5 / 0 rewards); eligible = the same class contrasts "
-        "plus the eligible candidates' deviations from their mean standardized among themselves "
-        "(unit s.d., engines/advantages.py): 23%. Measured on recorded cosine-arm proposals "
-        "resampled to 64 per task type (docs/measurements/normalisation-2026-12-01). The paper "
-        "is silent (its Lean copies at reward 0 'pushed down' need the comparison with the "
-        "other eligible candidates to count)")
+    normalize: Literal["gated_rank", "all", "eligible"] = Field(
+        "gated_rank", description="how proposer rewards become advantages, the same for every "
+        "reward kind. gated_rank = the gate plus the rank (rewards/shaping.py): the advantage "
+        "is the z-score, per task type, of the proposal's class level (unparsed "
+        "format_penalty, ill-posed invalid_penalty, ineligible ineligible_reward, copy "
+        "copy_reward, eligible 0), plus, for eligible tasks, rank_weight x sqrt(3)(2u - 1) "
+        "with u the mid-rank of the kind's score (the cosine, 1 - s, ...) among the last "
+        "rank_window eligible candidates of all types and this step's: among eligible tasks the "
+        "score alone orders the advantage, and a lone eligible task is still ranked. all = "
+        "the paper's plain form, AZR's Task-Relative REINFORCE++ (one z-score of the rewards "
+        "per task type and role): there the penalties set the scale, the cosine carried "
+        "0.16% of the proposer's advantage variance on the recorded default run and a Lean "
+        "copy's reward 0 sits above a batch mean pulled down by the penalties (it is "
+        "reinforced); eligible = all's class contrasts plus the eligible candidates' "
+        "deviations standardized among themselves (a lone eligible task gets no score term). "
+        "Measured: docs/measurements/advantage-2026-12-03")
+    rank_window: int = Field(256, ge=0, description="gated_rank: eligible candidates (all task "
+                             "types) whose scores a new score is ranked among, besides this "
+                             "step's; 0 = this step's only. Checkpointed with the learner")
+    rank_weight: float = Field(1.0, gt=0.0, le=10.0, description="gated_rank: scale of the "
+                               "rank term (1 = unit variance, like the gate's z-score)")
+    copy_reward: float = Field(-1.0, le=0.0, description="gated_rank: gate level of an "
+                               "eligible task whose novelty factor is 0 (kinds novelty and "
+                               "cos_novelty; the paper's copies, rewarded 0 'so the policy "
+                               "gradient pushes them down'): -1 = the parse failures' level, "
+                               "so a copy's advantage is negative in any group with another "
+                               "class. Under all / eligible a copy keeps reward 0")
     novelty_tokenizer: Literal["model", "regex"] = Field(
         "model", description="tokens of the novelty Jaccard: model = the policy's tokenizer; "
         "regex = words and single punctuation characters")
@@ -183,14 +222,20 @@ class RewardSection(Section):
     soar_optimizer: Literal["sgd", "adamw"] = Field("sgd", description="soar: inner optimizer")
     soar_metric: Literal["loss", "accuracy"] = Field(
         "loss", description="soar: the gain measured on the held-out problems. accuracy = "
-        "greedy accuracy gain (the paper's SOAR; one greedy generation per held-out problem "
-        "and group); loss = drop of the held-out gold answers' cross-entropy (default: a dense, "
-        "cheap proxy; tiny or untrained solvers score 0 accuracy, so accuracy gains are all 0)")
+        "greedy accuracy gain (the paper's SOAR, and baseline_soar_7b; one greedy generation "
+        "per held-out problem and group); loss = drop of the held-out gold answers' "
+        "cross-entropy (default, a deliberate deviation for CPU-sized solvers: a dense, cheap "
+        "proxy; tiny or untrained solvers score 0 accuracy, so accuracy gains are all 0). "
+        "Either way the solver copy is trained by SFT on the group's verified solutions "
+        "(soar_inner_steps optimizer steps), where SOAR's student is trained by RL")
     soar_heldout: str = Field(
         "seeds", description="soar: held-out problems, disjoint from the reference set. "
         "'seeds' = the last soar_heldout_items deduction/abduction seed tasks, taken out of the "
-        "task buffer (the proposer and solver never see them), posed as deduction; else a jsonl "
-        "of {prompt, solution[, answer]} (a bare name = a file in compassplay/data)")
+        "task buffer (the proposer and solver never see them), posed as deduction: the "
+        "default, a deliberate deviation (the coding domain, where the paper measures the "
+        "target domain: set heldout_math_paper32.jsonl, disjoint from the paper's reference, "
+        "as the experiments and baseline_soar_7b do); else a jsonl of {prompt, solution[, "
+        "answer]} (a bare name = a file in compassplay/data)")
     soar_heldout_items: int = Field(8, ge=1, description="soar: held-out problems used "
                                     "(the first N of a jsonl; N seeds for 'seeds')")
     soar_max_new_tokens: int = Field(64, ge=1, description="soar accuracy: greedy tokens per "

@@ -69,7 +69,14 @@ class Environment(ABC):
     @abstractmethod
     def verified_solution(self, task: Task, attempts: list[Attempt],
                           verdicts: list[Verdict]) -> str | None:
-        """The solution text whose loss gradient scores the task (None: no verified one)."""
+        """The first solution text whose loss gradient scores the task (None: no verified one)."""
+
+    def verified_solutions(self, task: Task, attempts: list[Attempt],
+                           verdicts: list[Verdict]) -> list[str]:
+        """Every solution text whose loss scores the task (task.verified_solution): g(x) is
+        the gradient of their mean loss ([]: not scored). Default: `verified_solution`'s."""
+        one = self.verified_solution(task, attempts, verdicts)
+        return [] if one is None else [one]
 
     # ------------------------------------------------------------------ novelty
     @abstractmethod

@@ -1,14 +1,16 @@
 """Padding candidates into micro-batches and the per-example loss they define.
 
-A candidate's loss is the mean token cross-entropy (nats) of `target_ids` given `prompt_ids`
-under teacher forcing, using the model's own next-token logits.
+An example's loss is the mean token cross-entropy (nats) of `target_ids` given `prompt_ids`
+under teacher forcing, using the model's own next-token logits. A candidate with several
+verified solutions (`Solutions`) has the mean of its solutions' example losses as its loss, so
+its gradient is the mean of the per-solution gradients.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,13 +36,66 @@ class Example:
         return len(self.prompt_ids) + len(self.target_ids)
 
 
+@dataclass(frozen=True)
+class Solutions:
+    """One candidate: distinct (prompt, solution) examples and their weights (summing to 1).
+
+    The candidate's loss is `sum_j weights[j] * loss(examples[j])`: the mean over its verified
+    solutions of each solution's mean token cross-entropy, identical solutions merged into one
+    example whose weight counts them (`solution_sets`), so its gradient is the mean of the
+    per-solution gradients."""
+
+    examples: tuple[Example, ...]
+    weights: tuple[float, ...]
+
+    @property
+    def k(self) -> int:
+        """Distinct solutions (rows of a micro-batch)."""
+        return len(self.examples)
+
+    @property
+    def width(self) -> int:
+        """Tokens of the longest (prompt, solution) example."""
+        return max(len(e) for e in self.examples)
+
+
+CandidateExamples = Example | Sequence[Example]
+"""What the scorer scores: one example (one verified solution), or the examples of one
+candidate's verified solutions (its loss: their mean loss; repeats count as often as listed)."""
+
+
+def solution_sets(cands: Sequence[CandidateExamples | Solutions]) -> list[Solutions]:
+    """Each candidate as `Solutions` (kept as is when it is one): identical examples merged
+    (weight = count / listed), in first-appearance order. No example is a ValueError."""
+    out = []
+    for c in cands:
+        if isinstance(c, Solutions):
+            out.append(c)
+            continue
+        exs = [c] if isinstance(c, Example) else list(c)
+        if not exs:
+            raise ValueError("a candidate needs at least one verified solution (Example)")
+        count: dict[tuple, int] = {}
+        first: dict[tuple, Example] = {}
+        for e in exs:
+            key = (tuple(e.prompt_ids), tuple(e.target_ids))
+            count[key] = count.get(key, 0) + 1
+            first.setdefault(key, e)
+        out.append(Solutions(tuple(first.values()),
+                             tuple(n / len(exs) for n in count.values())))
+    return out
+
+
 @dataclass
 class Batch:
     """Right-padded micro-batch. Shapes: ids/position_ids/labels/weights (N, T).
 
     `labels[n, t]` is the token predicted at position t (-100 where no loss), `weights[n, t]` is
-    `1 / len(target_n)` at target-predicting positions and 0 elsewhere, so
-    `sum_t weights * ce` is the per-example mean token cross-entropy.
+    `w_n / len(target_n)` at target-predicting positions and 0 elsewhere (`w_n` = 1, or the
+    row's weight in its candidate), so `sum_t weights * ce` is the row's (weighted) mean token
+    cross-entropy. `index`: the example (or candidate) index of each row, or of each candidate
+    when `slots` is set. `slots` (C, K) int64: the rows of candidate c (-1: none; K = the most
+    rows of a candidate), None when every row is its own candidate.
     """
 
     ids: torch.Tensor
@@ -48,27 +103,55 @@ class Batch:
     labels: torch.Tensor
     weights: torch.Tensor
     index: list[int]
+    slots: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
+        """Rows N."""
         return int(self.ids.shape[0])
+
+    @property
+    def candidates(self) -> int:
+        """Candidates C (= N without `slots`)."""
+        return self.size if self.slots is None else int(self.slots.shape[0])
 
 
 def make_batch(examples: list[Example], index: list[int], device: torch.device,
-               pad_id: int = 0) -> Batch:
+               pad_id: int = 0, row_weights: list[float] | None = None) -> Batch:
     """Right-pad `examples` (no attention mask is needed: causal attention never lets a real
-    token see a later pad, and pads carry no loss, so their gradients are exactly zero)."""
+    token see a later pad, and pads carry no loss, so their gradients are exactly zero).
+    `row_weights`: each row's loss weight (default 1)."""
     n, t = len(examples), max(len(e) for e in examples)
     ids = torch.full((n, t), pad_id, dtype=torch.long)
     labels = torch.full((n, t), -100, dtype=torch.long)
     weights = torch.zeros((n, t), dtype=torch.float32)
     for i, ex in enumerate(examples):
         p, m = len(ex.prompt_ids), len(ex.target_ids)
+        w = 1.0 if row_weights is None else row_weights[i]
         ids[i, : p + m] = torch.tensor(list(ex.prompt_ids) + list(ex.target_ids))
         labels[i, p - 1 : p + m - 1] = torch.tensor(list(ex.target_ids))
-        weights[i, p - 1 : p + m - 1] = 1.0 / m
+        weights[i, p - 1 : p + m - 1] = w / m
     pos = torch.arange(t).unsqueeze(0).expand(n, t).contiguous()
     return Batch(ids.to(device), pos.to(device), labels.to(device), weights.to(device), index)
+
+
+def make_solutions_batch(cands: list[Solutions], index: list[int], device: torch.device,
+                         pad_id: int = 0) -> Batch:
+    """One micro-batch holding every row of `cands` (candidate-major: candidate c's solutions
+    are consecutive rows), row weights `weights[j]` so that the summed row losses are the sum
+    of the candidates' losses; `slots` maps each candidate to its rows (None when every
+    candidate has one row)."""
+    rows = [e for c in cands for e in c.examples]
+    batch = make_batch(rows, index, device, pad_id, [w for c in cands for w in c.weights])
+    k = max(c.k for c in cands)
+    if k > 1:
+        slots = torch.full((len(cands), k), -1, dtype=torch.long)
+        start = 0
+        for i, c in enumerate(cands):
+            slots[i, : c.k] = torch.arange(start, start + c.k)
+            start += c.k
+        batch.slots = slots.to(device)
+    return batch
 
 
 def plan_batches(examples: list[Example], max_tokens: int) -> list[list[int]]:
@@ -83,6 +166,28 @@ def plan_batches(examples: list[Example], max_tokens: int) -> list[list[int]]:
             groups.append(cur)
             cur = []
         cur.append(i)
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+def plan_solution_batches(cands: list[Solutions], max_tokens: int) -> list[list[int]]:
+    """Group candidate indices into micro-batches of at most `max_tokens` tokens counted as
+    candidates x most rows of a candidate x longest row (what both the padded forward and the
+    per-candidate regrouped layer tensors hold); a candidate over the bound gets its own batch.
+    Sorted by (rows, length), descending, so a batch's candidates mostly have as many rows;
+    with one row each this is `plan_batches`."""
+    order = sorted(range(len(cands)), key=lambda i: (-cands[i].k, -cands[i].width))
+    groups: list[list[int]] = []
+    cur: list[int] = []
+    k = width = 0
+    for i in order:
+        nk, nw = max(k, cands[i].k), max(width, cands[i].width)
+        if cur and (len(cur) + 1) * nk * nw > max_tokens:
+            groups.append(cur)
+            cur, nk, nw = [], cands[i].k, cands[i].width
+        cur.append(i)
+        k, width = nk, nw
     if cur:
         groups.append(cur)
     return groups

@@ -5,8 +5,14 @@
     scores = scorer.score(cands)                   # list[AlignmentScore], input order
 
 g(x) is the gradient of a candidate's loss (mean token cross-entropy of `target_ids` given
-`prompt_ids`, nats) and g_ref the gradient of the mean of the reference examples' losses, both
-w.r.t. the selected parameters at the current weights, in eval mode (no dropout). Per-layer math
+`prompt_ids`, nats; for a candidate given as several examples -- its verified solutions --
+the mean over them of each one's mean token cross-entropy, i.e. g(x) is the mean of the
+per-solution gradients) and g_ref the gradient of the mean of the reference examples' losses,
+both w.r.t. the selected parameters at the current weights, in eval mode (no dropout).
+All solutions of a candidate share one micro-batch (`batch.plan_solution_batches`), so the
+hooks see the cross terms of their summed gradient; a candidate whose rows exceed
+`max_batch_tokens` (several solutions x longest) is scored by the exact loop instead (one
+solution's activations at a time plus gradient buffers of the scored parameters' size). Per-layer math
 is float32 and sums are float64. The model's weights, `.grad` fields, requires_grad flags and
 train/eval modes are left exactly as they were.
 """
@@ -21,7 +27,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .batch import Example, batch_losses, make_batch, plan_batches, scoring_mode
+from .batch import (
+    CandidateExamples,
+    Example,
+    batch_losses,
+    make_batch,
+    make_solutions_batch,
+    plan_batches,
+    plan_solution_batches,
+    scoring_mode,
+    solution_sets,
+)
 from .functions import safe_cosine
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine
@@ -72,7 +88,9 @@ class GradientScorer:
     params: "all" (every trainable parameter), a list of fnmatch globs over
     `model.named_parameters()` names, or a projection spec (`ProjectionSpec` or
     `{"kind": "projection", "dim": k, "seed": s, "include": [globs]}`).
-    max_batch_tokens: padded tokens per batched pass (memory knob). cpu_pass_tokens: on a CPU,
+    max_batch_tokens: padded tokens per batched pass (memory knob; a candidate's solutions
+    count as its rows x its longest row, and one with several solutions over it is scored by
+    the exact loop). cpu_pass_tokens: on a CPU,
     passes of at most this many padded tokens (0: max_batch_tokens only): a pass's activations
     then stay in cache, and at SmolLM2-135M's shape 1,280-token passes scored 16 x 320 tokens
     in 20.4 s against 25.1 s in one pass (2 threads). path: "auto", "ghost" or "materialize"
@@ -94,6 +112,7 @@ class GradientScorer:
         self.weight_version = int(weight_version)
         self.pad_id = pad_id
         self.reference: Reference | None = None
+        self.oversize = 0  # candidates scored by the exact loop: k solutions > max_batch_tokens
 
     @property
     def device(self) -> torch.device:
@@ -142,7 +161,7 @@ class GradientScorer:
                 "gflop_per_s": round(flops.get(k, 0) / 1e9 / v, 1) if v > 0 else None}
             for k, v in sorted(hooks.items(), key=lambda kv: -kv[1])}
 
-    def profile(self, cands: list[Example]) -> dict:
+    def profile(self, cands: list[CandidateExamples]) -> dict:
         """One profiled `partials(cands)` (see `profiling`)."""
         with self.profiling() as prof:
             self.partials(cands)
@@ -195,32 +214,46 @@ class GradientScorer:
         return self.reference
 
     # scoring -----------------------------------------------------------------------------------
-    def score(self, cands: list[Example], allow_stale: bool = False) -> list[AlignmentScore]:
-        """Alignment scores of `cands` against the reference, in input order."""
+    def score(self, cands: list[CandidateExamples],
+              allow_stale: bool = False) -> list[AlignmentScore]:
+        """Alignment scores of `cands` (each an Example, or the Examples of one candidate's
+        verified solutions) against the reference, in input order."""
         ref = self.check_reference(allow_stale)
         return finalize(self.partials(cands), ref.sq, ref.proj)
 
-    def partials(self, cands: list[Example]) -> Partials:
-        """Additive per-candidate partials over this scorer's parameters (float64, on CPU)."""
+    def partials(self, cands: list[CandidateExamples]) -> Partials:
+        """Additive per-candidate partials over this scorer's parameters (float64, on CPU);
+        `cands` as in `score`."""
         n = len(cands)
         dim = None if self.sketch is None else self.sketch.dim
         out = Partials(torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64),
                        None if dim is None else torch.zeros(n, dim, dtype=torch.float64))
         if n == 0:
             return out
+        sets = solution_sets(cands)
+        # several solutions over the hard bound: the exact loop, one solution at a time
+        big = [i for i, c in enumerate(sets) if c.k > 1 and c.k * c.width > self.max_batch_tokens]
+        self.oversize += len(big)
+        small = sorted(set(range(n)) - set(big))
         with scoring_mode(self.model):
-            for idx in plan_batches(cands, self.pass_tokens):
-                batch = make_batch([cands[i] for i in idx], idx, self.device, self.pad_id)
+            for part in plan_solution_batches([sets[i] for i in small], self.pass_tokens):
+                idx = [small[i] for i in part]
+                mine = [sets[i] for i in idx]
+                batch = make_solutions_batch(mine, idx, self.device, self.pad_id)
                 acc, declined = self.engine.run(batch)
                 self._put(out, idx, acc.inner, acc.sq, acc.proj)
                 loop = sorted(self.engine.fallback | declined)
                 if loop:
                     params = {k: self.params[k] for k in loop}
                     ref = {k: self.reference.grads[k] for k in loop}
-                    self._put(out, idx, *naive_partials(
-                        self.model, params, ref, [cands[i] for i in idx], self.sketch))
+                    self._put(out, idx, *naive_partials(self.model, params, ref, mine,
+                                                        self.sketch))
                     for k in loop:
                         self.engine.paths.setdefault(k, set()).add("loop")
+            if big:
+                self._put(out, big, *naive_partials(self.model, self.params,
+                                                    self.reference.grads,
+                                                    [sets[i] for i in big], self.sketch))
         return out
 
     @staticmethod

@@ -6,6 +6,15 @@ the module input; a tensor hook on its output receives `b = dL/d out` during the
 
 Handlers see the engine only through a `HandlerContext` (what to score against, the path
 policy, where to record decisions and timings) and one pass only through its `PassState`.
+
+A "sample" is a candidate: one row of the micro-batch, or, with several verified solutions,
+several rows whose losses (weighted 1/k each, `batch.make_solutions_batch`) add up to the
+candidate's loss. The candidate's gradient is then the sum of its rows' gradients, so handlers
+regroup the per-row tensors they keep (`PassState.regroup`: (N rows, T, d) -> (C candidates,
+K*T, d), missing rows zero) and run the per-sample formulas on the candidates: a row of a
+linear layer's `G_c = sum_{rows r, t} b_rt a_rt^T`, and the ghost Gram terms include the cross
+terms between the candidate's rows. Norm and vmap handlers compute per-row gradients and sum
+them per candidate (`PassState.sum_rows`).
 """
 
 from __future__ import annotations
@@ -96,10 +105,15 @@ class Accum:
 @dataclass
 class PassState:
     """State of one micro-batch pass: per-group partials, declined groups, and what handlers
-    hand each other (embedding ids, the tied head's rows at those ids)."""
+    hand each other (embedding ids, the tied head's rows at those ids).
+
+    `n`: rows of the batch; `slots` (C, K) int64: candidate c's rows (consecutive, -1 past its
+    last; `Batch.slots`), None when every row is its own candidate. Partials are per candidate.
+    """
 
     n: int
     dim: int | None
+    slots: torch.Tensor | None = None
     acc: dict[int, Accum] = field(default_factory=dict)
     declined: set[int] = field(default_factory=set)
     calls: dict[int, int] = field(default_factory=dict)
@@ -107,10 +121,60 @@ class PassState:
     tied_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     pending: set[int] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        self.c = self.n if self.slots is None else int(self.slots.shape[0])
+        if self.slots is None:
+            self.starts = list(range(self.n + 1))
+            return
+        k = (self.slots >= 0).sum(1).cpu()
+        self.starts = [0, *torch.cumsum(k, 0).tolist()]
+        if self.starts[-1] != self.n:
+            raise ValueError(f"slots cover {self.starts[-1]} rows of a batch of {self.n}")
+        self._valid = (self.slots >= 0).reshape(-1)  # (C*K,) positions holding a row
+        self._full = self.n == self.slots.numel()
+        self.owner = torch.repeat_interleave(torch.arange(self.c, device=self.slots.device),
+                                             k.to(self.slots.device))  # (N,) candidate of row
+
     def acc_for(self, group: int, device: torch.device) -> Accum:
         if group not in self.acc:
-            self.acc[group] = Accum.zeros(self.n, self.dim, device)
+            self.acc[group] = Accum.zeros(self.c, self.dim, device)
         return self.acc[group]
+
+    def regroup(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-row (N, T, ...) -> per-candidate (C, K*T, ...): each candidate's rows in order
+        along the token axis, zero rows where it has fewer than K (a no-op with one row per
+        candidate, a view when every candidate has K)."""
+        if self.slots is None:
+            return x
+        c, k = self.slots.shape
+        if self._full:
+            return x.reshape(c, k * x.shape[1], *x.shape[2:])
+        out = x.new_zeros((c * k, *x.shape[1:]))
+        out[self._valid] = x
+        return out.reshape(c, k * x.shape[1], *x.shape[2:])
+
+    def sum_rows(self, g: torch.Tensor, rows: slice | None = None) -> torch.Tensor:
+        """Per-row values (r, ...) of the rows `rows` (default all) summed per candidate:
+        (candidates owning those rows, ...); whole candidates only (`chunks`)."""
+        if self.slots is None:
+            return g
+        rows = rows or slice(0, self.n)
+        owner = self.owner[rows]
+        first = int(owner[0]) if owner.numel() else 0
+        span = (int(owner[-1]) + 1 - first) if owner.numel() else 0
+        out = g.new_zeros((span, *g.shape[1:]))
+        return out.index_add_(0, owner - first, g)
+
+    def chunks(self, max_rows: int) -> Iterator[tuple[slice, slice]]:
+        """(candidate slice, row slice) of consecutive whole candidates, at most `max_rows` rows
+        each (at least one candidate)."""
+        c0 = 0
+        while c0 < self.c:
+            c1 = c0 + 1
+            while c1 < self.c and self.starts[c1 + 1] - self.starts[c0] <= max_rows:
+                c1 += 1
+            yield slice(c0, c1), slice(self.starts[c0], self.starts[c1])
+            c0 = c1
 
 
 class Handler(ABC):
@@ -189,12 +253,12 @@ class LinearHandler(Handler):
         self.tied_with: int | None = None  # id of the embedding handler sharing the weight
 
     def backward(self, st: PassState, a: torch.Tensor, b: torch.Tensor) -> None:
-        n = st.n
         # Products in the model's dtype (bf16/fp16: the tensor-core rate the floor runs at)
         # with float32 accumulation and float32 results (`bmm32`); float32 models stay float32.
         cd = a.dtype if a.dtype in LOW_PRECISION else torch.float32
-        a = a.reshape(n, -1, a.shape[-1]).to(cd)
-        b = b.reshape(n, -1, b.shape[-1]).to(cd)
+        a = st.regroup(a.reshape(st.n, -1, a.shape[-1]).to(cd))  # (C, K*T, d_in)
+        b = st.regroup(b.reshape(st.n, -1, b.shape[-1]).to(cd))  # (C, K*T, d_out)
+        n = st.c
         wname, bname = self.attrs.get("weight"), self.attrs.get("bias")
         if bname is not None:
             self.add(st, slice(None), bname, b.sum(1, dtype=torch.float32))
@@ -223,8 +287,8 @@ class LinearHandler(Handler):
         step = max(1, self.ctx.chunk_bytes // (8 * t * max(t, min(d_in, d_out))))
         acc = st.acc_for(self.group, a.device)
         vt = (v if self.transposed else v.t()).to(a.dtype)  # (d_in, d_out)
-        for s in range(0, st.n, step):
-            sl = slice(s, min(st.n, s + step))
+        for s in range(0, st.c, step):
+            sl = slice(s, min(st.c, s + step))
             ac, bc = a[sl], b[sl]
             gram = bmm32(ac, ac.transpose(1, 2)).mul_(bmm32(bc, bc.transpose(1, 2)))
             acc.sq[sl] += rowsum(gram)
@@ -242,8 +306,8 @@ class LinearHandler(Handler):
         cache-sized blocks (many small GEMMs) measured slower than whole-sample ones."""
         rows, cols = (a.shape[2], b.shape[2]) if self.transposed else (b.shape[2], a.shape[2])
         step = max(1, self.ctx.chunk_bytes // (4 * rows * cols))
-        for s in range(0, st.n, step):
-            sl = slice(s, min(st.n, s + step))
+        for s in range(0, st.c, step):
+            sl = slice(s, min(st.c, s + step))
             ac, bc = a[sl], b[sl]
             g = bmm32(ac.transpose(1, 2), bc) if self.transposed else bmm32(
                 bc.transpose(1, 2), ac)
@@ -263,14 +327,14 @@ class EmbeddingHandler(Handler):
         self.tied = False
 
     def save(self, st: PassState, x: torch.Tensor):
-        ids = x.reshape(st.n, -1)
+        ids = st.regroup(x.reshape(st.n, -1))  # (C, K*T); missing rows: id 0 (zero gradient)
         st.ids[id(self)] = ids
         return ids
 
     def backward(self, st: PassState, ids: torch.Tensor, e: torch.Tensor) -> None:
-        n, name = st.n, self.attrs["weight"]
+        n, name = st.c, self.attrs["weight"]
         w: nn.Embedding = self.module
-        e = e.reshape(n, ids.shape[1], -1).float()
+        e = st.regroup(e.reshape(st.n, -1, e.shape[-1])).float()  # (C, K*T, d)
         if w.padding_idx is not None:
             e = e * (ids != w.padding_idx).unsqueeze(-1)
         acc = st.acc_for(self.group, e.device)
@@ -315,7 +379,7 @@ class ModuleHandler(Handler):
         lead = tuple(range(1, b.dim() - 1))
         for attr, name in self.attrs.items():
             g = b.float() * xhat if attr == "weight" else b.float()
-            self.add(st, slice(None), name, g.sum(lead) if lead else g)
+            self.add(st, slice(None), name, st.sum_rows(g.sum(lead) if lead else g))
         self.ctx.record(self.name, "norm-closed-form")
 
     def _kind(self) -> str:
@@ -364,12 +428,11 @@ class ModuleHandler(Handler):
 
         size = sum(p.numel() for p in sel.values()) * 4 + x[0].numel() * 16
         step = max(1, self.ctx.chunk_bytes // max(size, 1))
-        for s in range(0, st.n, step):
-            sl = slice(s, min(st.n, s + step))
+        for cands, rows in st.chunks(step):  # whole candidates: their rows' grads are summed
             with self.ctx.recompute():
-                grads = vmap(one)(x[sl], b[sl])
+                grads = vmap(one)(x[rows], b[rows])
             for attr, g in grads.items():
-                self.add(st, sl, self.attrs[attr], g)
+                self.add(st, cands, self.attrs[attr], st.sum_rows(g, rows))
         self.ctx.record(self.name, "vmap")
 
 

@@ -5,6 +5,9 @@ the exact fallback for parameters the batched hooks cannot handle. Never touches
 The oracle's own gradients (`per_example_grads`, `reference_grads`) take every position's
 logits, so they do not share the scorer's dropping of prompt logits; the naive loop and the
 fallback use the same loss as the scorer.
+
+A candidate is one `Example` or the examples of its verified solutions (`batch.CandidateExamples`);
+its loss is the mean of their losses, so its gradient is the mean of the per-solution gradients.
 """
 
 from __future__ import annotations
@@ -14,18 +17,20 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from .batch import Example, example_loss, scoring_mode
+from .batch import CandidateExamples, Example, Solutions, example_loss, scoring_mode, solution_sets
 from .subspace import CountSketch
 
 
 def per_example_grads(model: nn.Module, params: dict[str, nn.Parameter],
-                      examples: list[Example]) -> Iterator[dict[str, torch.Tensor]]:
-    """Yield, per example, the float32 gradient of its loss w.r.t. each named parameter."""
+                      examples: list[CandidateExamples]) -> Iterator[dict[str, torch.Tensor]]:
+    """Yield, per candidate, the float32 gradient of its loss w.r.t. each named parameter: of
+    one example's loss, or of the mean of a list of examples' losses (one autograd call)."""
     names, plist = list(params), list(params.values())
     for ex in examples:
+        exs = [ex] if isinstance(ex, Example) else list(ex)
         with scoring_mode(model):
-            grads = torch.autograd.grad(example_loss(model, ex, all_logits=True), plist,
-                                        allow_unused=True)
+            loss = torch.stack([example_loss(model, e, all_logits=True) for e in exs]).mean()
+            grads = torch.autograd.grad(loss, plist, allow_unused=True)
         yield {n: (torch.zeros_like(p, dtype=torch.float32) if g is None else g.float())
                for n, p, g in zip(names, plist, grads, strict=True)}
 
@@ -53,20 +58,22 @@ def flatten(grads: dict[str, torch.Tensor], sketch: CountSketch | None = None,
 
 
 def naive_partials(model: nn.Module, params: dict[str, nn.Parameter],
-                   ref: dict[str, torch.Tensor], cands: list[Example],
+                   ref: dict[str, torch.Tensor], cands: list[CandidateExamples | Solutions],
                    sketch: CountSketch | None = None) -> tuple[torch.Tensor, torch.Tensor,
                                                               torch.Tensor | None]:
     """Per-candidate (inner (N,), squared norm (N,), projection (N, dim) or None), float64.
 
     Exact mode: inner and squared norm against `ref` over `params`. Projection mode: the
-    projected gradients (inner/sq are then filled from the projection by the caller)."""
+    projected gradients (inner/sq are then filled from the projection by the caller). A
+    candidate with several solutions: one solution's forward and backward at a time, its
+    weighted gradient summed into float32 buffers of the parameters' size (the activations
+    held are one solution's)."""
     inner = torch.zeros(len(cands), dtype=torch.float64)
     sq = torch.zeros(len(cands), dtype=torch.float64)
     proj = None if sketch is None else torch.zeros(len(cands), sketch.dim, dtype=torch.float64)
     names, plist = list(params), list(params.values())
-    for i, ex in enumerate(cands):
-        with scoring_mode(model):
-            grads = torch.autograd.grad(example_loss(model, ex), plist, allow_unused=True)
+    for i, sol in enumerate(solution_sets(cands)):
+        grads = _candidate_grads(model, plist, sol)
         if sketch is not None:
             proj[i] = flatten({n: (torch.zeros_like(p, dtype=torch.float32) if g is None
                                    else g.float()) for n, p, g in zip(names, plist, grads,
@@ -81,3 +88,20 @@ def naive_partials(model: nn.Module, params: dict[str, nn.Parameter],
                 sq[i] += float(g64 @ g64)
         del grads
     return inner, sq, proj
+
+
+def _candidate_grads(model: nn.Module, plist: list[nn.Parameter],
+                     sol: Solutions) -> list[torch.Tensor | None]:
+    """Gradient of `sum_j w_j loss_j` w.r.t. `plist`, one solution's graph at a time."""
+    total: list[torch.Tensor | None] = [None] * len(plist)
+    for ex, w in zip(sol.examples, sol.weights, strict=True):
+        with scoring_mode(model):
+            loss = example_loss(model, ex)
+            grads = torch.autograd.grad(loss if sol.k == 1 else loss * w, plist,
+                                        allow_unused=True)
+        if sol.k == 1:
+            return list(grads)
+        for j, g in enumerate(grads):
+            if g is not None:
+                total[j] = g.float() if total[j] is None else total[j].add_(g.float())
+    return total

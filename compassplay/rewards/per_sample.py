@@ -19,6 +19,11 @@ engine skips every weight gradient (weights are not requested). Per layer, per s
   shared in another way, a batch dimension not equal to N) is *declined* and its parameters are
   computed by the exact per-candidate loop (`oracle.per_example_grads`): correct but slow.
 
+A sample is a candidate: with several verified solutions (`batch.make_solutions_batch`) its
+rows, weighted so that their losses sum to the candidate's mean loss, are regrouped per
+candidate before the formulas above run (`handlers.PassState.regroup`), so `G_c` is the sum of
+its rows' gradients and the ghost norm includes the cross terms between them.
+
 Results accumulate in float64 per sample; per-layer math is float32.
 """
 
@@ -105,10 +110,12 @@ class PerSampleEngine:
                     self.fallback.update(h.attrs.values())
 
     def run(self, batch: Batch) -> tuple[Accum, set[str]]:
-        """One batched pass. Returns summed per-sample partials and the parameter names the
-        hooks declined this time (to be computed by the exact per-candidate fallback)."""
+        """One batched pass. Returns summed per-candidate partials ((C,) each; C = rows
+        unless `batch.slots` groups rows into candidates) and the parameter names the hooks
+        declined this time (to be computed by the exact per-candidate fallback)."""
         dev = batch.ids.device
-        st = PassState(n=batch.size, dim=None if self.ctx.sketch is None else self.ctx.sketch.dim)
+        st = PassState(n=batch.size, dim=None if self.ctx.sketch is None else self.ctx.sketch.dim,
+                       slots=batch.slots)
         z = torch.zeros((), device=dev, requires_grad=True)
         hooks = [h.module.register_forward_hook(
             lambda m, args, kwargs, out, h=h: h.on_forward(st, z, args, kwargs, out),
@@ -136,7 +143,7 @@ class PerSampleEngine:
         # may still be non-zero through a path we did not request): stay exact via the loop.
         st.declined.update(h.group for h in self.handlers if id(h) in st.pending)
         declined = {n for h in self.handlers if h.group in st.declined for n in h.attrs.values()}
-        out = Accum.zeros(st.n, st.dim, dev)
+        out = Accum.zeros(st.c, st.dim, dev)
         for group, acc in st.acc.items():
             if group not in st.declined:
                 out.add_(acc)

@@ -2,7 +2,8 @@
 
 `soar_gains` is the baseline as the paper describes it (reward.kind=soar): for each group of
 candidates, a deep copy of the solver is trained for a few optimizer steps on the group's
-verified solutions, evaluated on held-out problems (disjoint from the reference set; by default
+verified solutions (a candidate given as several examples -- all its verified solutions --
+contributes the mean of their losses, as its g(x) does), evaluated on held-out problems (disjoint from the reference set; by default
 the held-out loss of their gold answers, or greedy accuracy with `metric="accuracy"`) and
 discarded; every candidate of the group is rewarded with the gain, and the call reports the
 tokens and seconds it spent.
@@ -28,7 +29,15 @@ from typing import Literal
 import torch
 from torch import nn
 
-from .batch import Example, batch_losses, make_batch, plan_batches, scoring_mode
+from .batch import (
+    CandidateExamples,
+    Example,
+    batch_losses,
+    make_batch,
+    plan_batches,
+    scoring_mode,
+    solution_sets,
+)
 
 
 def mean_loss(model: nn.Module, examples: list[Example], pad_id: int = 0) -> torch.Tensor:
@@ -175,18 +184,24 @@ def heldout_accuracy(model: nn.Module, items: list[HeldOutItem], max_new_tokens:
     return correct / len(items), tokens
 
 
-def backward_mean_loss(model: nn.Module, examples: list[Example], pad_id: int = 0,
-                       max_batch_tokens: int = 16384) -> None:
-    """Accumulate the gradient of `mean_loss(model, examples)` in passes of at most
-    `max_batch_tokens` padded tokens (`plan_batches`): each pass backpropagates its examples'
-    summed losses / len(examples), so the activations held are one pass's, not the group's."""
+def backward_mean_loss(model: nn.Module, examples: list[CandidateExamples], pad_id: int = 0,
+                       max_batch_tokens: int = 16384) -> int:
+    """Accumulate the gradient of the mean over candidates of their losses (an Example's own;
+    several examples: the mean of theirs) in passes of at most `max_batch_tokens` padded tokens
+    (`plan_batches` over all rows): each pass backpropagates its rows' weighted losses /
+    len(examples), so the activations held are one pass's, not the group's. Returns the tokens
+    of the rows (identical solutions of a candidate merged)."""
     dev = next(model.parameters()).device
-    for idx in plan_batches(examples, max_batch_tokens):
-        batch = make_batch([examples[i] for i in idx], idx, dev, pad_id)
-        (batch_losses(model, batch).sum() / len(examples)).backward()
+    sets = solution_sets(examples)
+    rows = [e for c in sets for e in c.examples]
+    weights = [w for c in sets for w in c.weights]
+    for idx in plan_batches(rows, max_batch_tokens):
+        batch = make_batch([rows[i] for i in idx], idx, dev, pad_id, [weights[i] for i in idx])
+        (batch_losses(model, batch).sum() / len(sets)).backward()
+    return sum(len(e) for e in rows)
 
 
-def train_copy(model: nn.Module, group: list[Example], inner_steps: int, lr: float,
+def train_copy(model: nn.Module, group: list[CandidateExamples], inner_steps: int, lr: float,
                optimizer: SoarOptimizer = "sgd", pad_id: int = 0,
                max_batch_tokens: int = 16384) -> tuple[nn.Module, int]:
     """A deep copy of `model` trained for `inner_steps` full-batch steps on the group's mean
@@ -200,16 +215,16 @@ def train_copy(model: nn.Module, group: list[Example], inner_steps: int, lr: flo
     with scoring_mode(copy_):
         for _ in range(inner_steps):
             opt.zero_grad(set_to_none=True)
-            backward_mean_loss(copy_, group, pad_id, max_batch_tokens)
+            tokens += backward_mean_loss(copy_, group, pad_id, max_batch_tokens)
             opt.step()
-            tokens += sum(len(e) for e in group)
     del opt
     for p in params:
         p.grad = None
     return copy_, tokens
 
 
-def soar_gains(model: nn.Module, groups: list[list[Example]], heldout: list[HeldOutItem], *,
+def soar_gains(model: nn.Module, groups: list[list[CandidateExamples]],
+               heldout: list[HeldOutItem], *,
                metric: SoarMetric = "loss", inner_steps: int = 1, lr: float = 1e-3,
                optimizer: SoarOptimizer = "sgd", pad_id: int = 0,
                reference: list[Example] | None = None, max_new_tokens: int = 32,

@@ -2,7 +2,9 @@
 
 Scorer shards return additive partials (`ScoredShard`); `merge_shards` sums them and finalizes
 (cosine, inner, grad_norm) per candidate, exactly as one unsharded scorer would; the learner
-then calls `stages.assign_rewards` with the result.
+then calls `stages.assign_rewards` with the result. A candidate is scored on all its verified
+solutions (`candidate_solutions`): its partials are those of the mean of their losses, so
+shards merge them like any other.
 """
 
 from __future__ import annotations
@@ -10,11 +12,18 @@ from __future__ import annotations
 import torch
 
 from compassplay.records import Candidate
+from compassplay.rewards.batch import Example
 from compassplay.rewards.gradient import Partials, finalize
 from compassplay.rewards.local_reference import finalize_local
 from compassplay.step.messages import ScoredShard
 
 Alignment = dict[str, tuple[float, float, float]]  # task_id -> (cosine, inner, grad_norm)
+
+
+def candidate_solutions(cands: list[Candidate]) -> list[list[Example]]:
+    """Per candidate, one scorer Example per verified solution (`Candidate.solutions`): the
+    scorer's g(x) is the gradient of their mean loss."""
+    return [[Example(list(c.prompt_ids), list(t)) for t in c.solutions] for c in cands]
 
 
 def merge_shards(shards: list[ScoredShard], param_shard: bool = False

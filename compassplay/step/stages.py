@@ -34,6 +34,7 @@ from compassplay.rewards.functions import (
     proposer_reward,
     token_jaccard,
 )
+from compassplay.rewards.shaping import Shaped, gate_of
 from compassplay.step.prompting import (
     novelty_tokens,
     prefix_of,
@@ -163,22 +164,25 @@ def grade(env: Environment, tasks: list[Task], attempts: list[Attempt]) -> list[
 def build_candidates(env: Environment, tokenizer, cfg: RunConfig, tasks: list[Task],
                      attempts: list[Attempt], verdicts: list[Verdict],
                      rates: dict[str, float]) -> list[Candidate]:
-    """Eligible proposed tasks (valid, 0 < s < 1, a verified solution) as scorer inputs;
+    """Eligible proposed tasks (valid, 0 < s < 1, a verified solution) as scorer inputs, with
+    every verified solution `env.verified_solutions` gives (task.verified_solution: all correct
+    attempts, the first, or gold): `target_ids` the first, `more_target_ids` the rest;
     `rates` is s(x) per solved task (`GradeBatch.merge`)."""
     out = []
     for task in tasks:
         if task.source != "proposed" or task.task_id not in rates:
             continue
         mine = [i for i, a in enumerate(attempts) if a.task_id == task.task_id]
-        solution = env.verified_solution(task, [attempts[i] for i in mine],
-                                         [verdicts[i] for i in mine])
+        solutions = env.verified_solutions(task, [attempts[i] for i in mine],
+                                           [verdicts[i] for i in mine])
         if not is_eligible(rates[task.task_id], valid=task.valid,
-                           has_solution=solution is not None):
+                           has_solution=bool(solutions)):
             continue
         kind = cfg.reward.novelty_tokenizer
         prefix = prefix_of(env, cfg, "solver", task.task_type)
-        if prefix and solution.startswith(prefix):  # a gold rendering includes the opening
-            solution = solution[len(prefix):]
+        if prefix:  # a gold rendering includes the opening
+            solutions = [s[len(prefix):] if s.startswith(prefix) else s for s in solutions]
+        targets = [target_ids(tokenizer, s) for s in solutions]
         ref: dict = {}
         if cfg.reward.reference == "local" and cfg.reward.kind in GRADIENT_KINDS:
             local = env.local_reference(task)
@@ -191,7 +195,7 @@ def build_candidates(env: Environment, tokenizer, cfg: RunConfig, tasks: list[Ta
         out.append(Candidate(**ref,
             task_id=task.task_id, task_type=task.task_type, solve_rate=rates[task.task_id],
             prompt_ids=prompt_ids(tokenizer, env.solver_prompt(task), prefix),
-            target_ids=target_ids(tokenizer, solution),
+            target_ids=targets[0], more_target_ids=targets[1:],
             **dict(zip(("novelty_tokens", "seed_tokens"),
                        candidate_novelty(env, tokenizer, task, kind), strict=True))))
     return out
@@ -239,16 +243,19 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
                 cfg.kind, solve_rate=s, well_formed=task.valid, eligible=cand is not None,
                 cosine=cos, inner=inner, novelty_value=nov, eta=cfg.eta,
                 ineligible_reward=cfg.ineligible_reward, penalty=penalty)
+        gate = gate_of(parse_fail=parse_fail, valid=task.valid, eligible=cand is not None,
+                       kind=cfg.kind, novelty=nov)
         scores.append(Score(task_id=task.task_id, reward=reward, kind=cfg.kind,
                             eligible=cand is not None, solve_rate=s, cosine=cos, inner=inner,
-                            grad_norm=norm, novelty=nov))
+                            grad_norm=norm, novelty=nov, gate=gate))
     return scores
 
 
 def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attempt],
                       verdicts: list[Verdict], scores: list[Score],
                       normalize: str = "all", train_ids: set[str] | None = None,
-                      select_max_solve_rate: float | None = None) -> list[Trajectory]:
+                      select_max_solve_rate: float | None = None,
+                      shaped: dict[str, Shaped] | None = None) -> list[Trajectory]:
     """Proposer trajectories (one per proposal) and solver trajectories (one per attempt at a
     task in `train_ids`; None: every attempt); a generation the engine failed
     (`Generation.failed`: no tokens to train on) gives none. `normalize` (reward.normalize):
@@ -256,16 +263,21 @@ def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attemp
     (`engines.advantages`). solver.train_on=buffer passes the buffer tasks' ids: the attempts
     that estimate s(x) are not trained on. solver.train_on=selected passes
     `select_max_solve_rate`: only the verified attempts at tasks with 0 < s <= it, each a
-    supervised example (advantage +1; `selected_attempts`)."""
+    supervised example (advantage +1; `selected_attempts`). 'gated_rank' takes each
+    proposal's gate level and direction from `shaped` (`rewards.shaping.shape`; required)."""
+    if normalize == "gated_rank" and shaped is None:
+        raise ValueError("reward.normalize=gated_rank needs the shaped proposer rewards")
     by_task = {t.task_id: t for t in tasks}
     out = []
     for sc in scores:
         task = by_task[sc.task_id]
         if task.proposal is not None and not task.proposal.failed:
             sub = "eligible" if normalize == "eligible" and sc.eligible else ""
+            gated = shaped[sc.task_id] if shaped is not None and normalize == "gated_rank" else None
             out.append(Trajectory(generation=task.proposal, reward=sc.reward, role="proposer",
                                   task_type=task.task_type, task_id=task.task_id,
-                                  subgroup=sub))
+                                  subgroup=sub, gate=gated.gate if gated else None,
+                                  direction=gated.direction if gated else 0.0))
     chosen = (selected_attempts(attempts, verdicts, select_max_solve_rate)
               if select_max_solve_rate is not None else None)
     for i, (att, ver) in enumerate(zip(attempts, verdicts, strict=True)):
@@ -366,5 +378,6 @@ def samples(step: int, tasks: list[Task], scores: list[Score], max_chars: int = 
                      "valid": t.valid, "invalid_reason": t.invalid_reason,
                      "solve_rate": sc.solve_rate if sc else None,
                      "reward": sc.reward if sc else None, "cosine": sc.cosine if sc else None,
+                     "gate": sc.gate if sc else None,
                      "proposal": t.proposal.text[:max_chars] if t.proposal else ""})
     return rows

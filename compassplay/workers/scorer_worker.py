@@ -17,6 +17,7 @@ from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.heldout import make_heldout
 from compassplay.step.messages import AttemptBatch, Candidates, GradeBatch, ScoredShard, Validated
 from compassplay.step.prompting import candidate_examples
+from compassplay.step.scoring import candidate_solutions
 from compassplay.step.timing import Timing, timed
 from compassplay.workers.builders import (
     configure_torch,
@@ -107,7 +108,7 @@ class ScorerWorker(Versioned):
         if ref is None or ref.weight_version != self.scorer.weight_version:
             self.scorer.set_reference(self.reference)
             ref = self.scorer.reference
-        examples = candidate_examples([cands[i] for i in index])
+        examples = candidate_solutions([cands[i] for i in index])  # all verified solutions
         if self.cfg.scorer.mode == "naive":
             part = self._naive_partials(examples)
         else:
@@ -118,7 +119,8 @@ class ScorerWorker(Versioned):
             ref_proj=None if ref.proj is None else ref.proj.tolist())
 
     def _local(self, cands: list[Candidate], index: list[int]) -> ScoredShard:
-        """Partials against each candidate's own seed reference (reward.reference=local)."""
+        """Partials against each candidate's own seed reference (reward.reference=local), on
+        each candidate's first verified solution (`local_partials` takes one example each)."""
         mine = [cands[i] for i in index]
         if any(c.ref_prompt_ids is None or c.ref_target_ids is None for c in mine):
             raise RuntimeError("reward.reference=local: a candidate has no local reference "
@@ -141,8 +143,9 @@ class ScorerWorker(Versioned):
 
     def _soar(self, cands: list[Candidate]) -> tuple[dict[str, float], dict[str, float]]:
         """SOAR (reward.kind=soar) on this shard's candidate groups: per group, a copy of the
-        solver trained on the group's verified solutions, evaluated on the held-out problems;
-        every candidate of the group gets the gain. Also returns the cost (`soar_*` fields)."""
+        solver trained on the group's verified solutions (all of each candidate's, weighted
+        1/k: the mean of the candidates' losses), evaluated on the held-out problems; every
+        candidate of the group gets the gain. Also returns the cost (`soar_*` fields)."""
         r = self.cfg.reward
         groups = make_groups(len(cands), r.soar_groups, r.soar_group_size)
         groups = groups[self.shard::self.num_shards]
@@ -151,7 +154,7 @@ class ScorerWorker(Versioned):
         if self._heldout is None:
             self._heldout = make_heldout(self.cfg, self.env, self.tok)
         res = soar_gains(
-            self.scorer.model, [candidate_examples([cands[i] for i in g]) for g in groups],
+            self.scorer.model, [candidate_solutions([cands[i] for i in g]) for g in groups],
             self._heldout, metric=r.soar_metric, inner_steps=r.soar_inner_steps, lr=r.soar_lr,
             optimizer=r.soar_optimizer, pad_id=self.tok.pad_token_id, reference=self.reference,
             max_new_tokens=r.soar_max_new_tokens, eos_id=self.tok.eos_token_id,

@@ -53,7 +53,8 @@ def loss_of(model: torch.nn.Module, ex: Example) -> torch.Tensor:
 
 
 def oracle(model, ref, cands, names=None, project=None):
-    """(cosine, inner, grad_norm) per candidate: one autograd.grad per candidate, flattened.
+    """(cosine, inner, grad_norm) per candidate: one autograd.grad per candidate, flattened
+    (a candidate given as a list of Examples: of the mean of their losses).
 
     `project(name, param, grad) -> (dim,)` optionally maps each parameter block (projection)."""
     was = model.training
@@ -70,8 +71,10 @@ def oracle(model, ref, cands, names=None, project=None):
     g_ref = flat(torch.autograd.grad(torch.stack([loss_of(model, e) for e in ref]).mean(),
                                      params))
     out = []
-    for c in cands:
-        g = flat(torch.autograd.grad(loss_of(model, c), params))
+    for c in cands:  # an Example, or a list of them: the mean of their losses
+        loss = loss_of(model, c) if isinstance(c, Example) else torch.stack(
+            [loss_of(model, e) for e in c]).mean()
+        g = flat(torch.autograd.grad(loss, params))
         inner, norm = float(g @ g_ref), float(g.norm())
         den = norm * float(g_ref.norm())
         out.append((inner / den if den > 0 else 0.0, inner, norm))

@@ -51,3 +51,14 @@ def test_bench_real_shape_truncated():
     assert "sparse-rows" in out["layer_paths"] and out["mem_ratio"] > 0
     assert "lm_head" in out["profile"]["hooks_by_kind"]
     json.dumps(out)
+
+
+def test_bench_scorer_with_several_solutions_per_candidate():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--n-candidates", "3", "--seq-len", "16", "--hidden", "32",
+                              "--layers", "1", "--vocab", "50", "--reps", "1", "--n-ref", "1",
+                              "--solutions", "3", "--no-subspaces", "--memory", "none"])
+    out = bench.run(args)
+    assert out["solutions_per_candidate"] == 3 and out["rows"] == 9
+    assert out["max_abs_cos_err"] <= 1e-4  # batched vs the naive loop, both on the mean loss

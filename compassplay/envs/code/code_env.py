@@ -40,6 +40,7 @@ from compassplay.envs.code.solver_rewards import (
     gold_answer_text,
     solver_reward,
     verified_solution,
+    verified_solutions,
 )
 from compassplay.envs.code.validity import validate_tasks
 from compassplay.envs.interface import Environment
@@ -214,9 +215,15 @@ class CodeEnvironment(Environment):
 
     def verified_solution(self, task: Task, attempts: list[Attempt],
                           verdicts: list[Verdict]) -> str | None:
-        """Solution text for the gradient reward, by `cfg.verified_solution`."""
+        """The first solution text for the gradient reward, by `cfg.verified_solution`."""
         return verified_solution(task, attempts, verdicts, self.cfg.verified_solution,
                                  self.cfg.answer_format)
+
+    def verified_solutions(self, task: Task, attempts: list[Attempt],
+                           verdicts: list[Verdict]) -> list[str]:
+        """Every solution text for the gradient reward, by `cfg.verified_solution`."""
+        return verified_solutions(task, attempts, verdicts, self.cfg.verified_solution,
+                                  self.cfg.answer_format)
 
     def gold_answer_text(self, task: Task) -> str:
         """The gold answer in the solver's answer format."""

@@ -3,9 +3,11 @@
 Solver reward: `binary` gives 1 for a correct attempt and 0 otherwise; `azr` gives 1 correct,
 -0.5 wrong but well-formatted, -1 ill-formatted (the answer could not be parsed).
 
-Verified solution (text in the solver's answer format): in `attempt` mode the completion text
-of the first correct attempt (its rendered answer when no generation is attached), None when
-no attempt is correct; in `gold` mode the gold answer rendered in the answer format.
+Verified solutions (text in the solver's answer format): in `attempts` mode the completion
+text of every correct attempt, in attempt order (its rendered answer when no generation is
+attached; identical texts kept: g(x) is the mean gradient over the solver's verified samples);
+in `attempt` mode the first of them only; in `gold` mode the gold answer rendered in the answer
+format. No correct attempt (or an invalid task for gold): none.
 """
 
 from __future__ import annotations
@@ -49,16 +51,27 @@ def gold_answer_text(task: Task, answer_format: str) -> str:
     return render_answer(task.task_type, gold_answer(task), answer_format)
 
 
-def verified_solution(task: Task, attempts: list[Attempt], verdicts: list[Verdict],
-                      mode: str, answer_format: str) -> str | None:
-    """The verified solution text for `task` (see module docstring)."""
+def verified_solutions(task: Task, attempts: list[Attempt], verdicts: list[Verdict],
+                       mode: str, answer_format: str) -> list[str]:
+    """The verified solution texts for `task` by `mode` (see module docstring); [] = none."""
     if mode == "gold":
-        return gold_answer_text(task, answer_format) if task.valid else None
+        return [gold_answer_text(task, answer_format)] if task.valid else []
+    if mode not in ("attempts", "attempt"):
+        raise ValueError(f"unknown verified_solution mode {mode!r}")
     by_index = {v.index: v for v in verdicts if v.task_id == task.task_id}
+    out = []
     for att in sorted(attempts, key=lambda a: a.index):
         v = by_index.get(att.index)
         if v is not None and v.correct:
-            if att.generation is not None:
-                return att.generation.text
-            return render_answer(task.task_type, att.answer, answer_format)
-    return None
+            out.append(att.generation.text if att.generation is not None
+                       else render_answer(task.task_type, att.answer, answer_format))
+            if mode == "attempt":
+                break
+    return out
+
+
+def verified_solution(task: Task, attempts: list[Attempt], verdicts: list[Verdict],
+                      mode: str, answer_format: str) -> str | None:
+    """The first verified solution text (`verified_solutions`), None when there is none."""
+    sols = verified_solutions(task, attempts, verdicts, mode, answer_format)
+    return sols[0] if sols else None

@@ -67,6 +67,7 @@ class LeanEnvironment(Environment):
 
     def __init__(self, cfg: RunConfig, pool: LeanPool | None) -> None:
         self.cfg = cfg.task.lean
+        self.solution_mode = cfg.task.verified_solution  # attempts: every accepted proof
         self.pool = pool
         targets, file_header = load_targets(self.cfg.target_file, self.cfg.split,
                                             self.cfg.max_targets)
@@ -180,6 +181,14 @@ class LeanEnvironment(Environment):
             if ver.correct:
                 return prompts.fenced(att.answer)
         return None
+
+    def verified_solutions(self, task: Task, attempts: list[Attempt],
+                           verdicts: list[Verdict]) -> list[str]:
+        """Every accepted proof, fenced, in attempt order (task.verified_solution=attempts;
+        repeats kept), else the first one only (attempt; gold: Lean has no gold proof)."""
+        proofs = [prompts.fenced(att.answer)
+                  for att, ver in zip(attempts, verdicts, strict=True) if ver.correct]
+        return proofs if self.solution_mode == "attempts" else proofs[:1]
 
     def local_reference(self, task: Task) -> tuple[str, str] | None:
         """(solver prompt of the seed, the seed's verified proof, fenced), or None."""
