@@ -10,6 +10,11 @@ spread standardized: ``(mean_S - mean_g) / std_g + (r - mean_S) / std_S``. So th
 differences among eligible candidates get unit scale instead of the scale the format
 penalties set for the whole group; a subgroup of one member, or one whose std is below `eps`,
 keeps the plain group advantage.
+
+A trajectory with a `gate` level (reward.normalize=gated_rank, `rewards.shaping`) takes part in
+its group through the gate instead of the reward: its advantage is the gate's z-score in the
+group (0 when every gate of the group is equal) plus its own `direction` (the bounded rank of
+its score among recent eligible candidates). A group must not mix gated and plain members.
 """
 
 from __future__ import annotations
@@ -62,17 +67,55 @@ def group_normalized(rewards: Sequence[float], groups: Sequence[Hashable],
 
 
 def trajectory_advantages(trajs: Sequence[Trajectory], eps: float = 1e-6) -> list[float]:
-    """Task-relative REINFORCE++: normalize rewards within each (task_type, role) group, and
-    each labelled subgroup's spread among itself; a trajectory with a fixed `advantage` (a
+    """Task-relative REINFORCE++: normalize rewards (gate levels, for gated trajectories)
+    within each (task_type, role) group, and each labelled subgroup's spread among itself;
+    gated trajectories add their `direction`. A trajectory with a fixed `advantage` (a
     supervised example) keeps it and is left out of the groups."""
     free = [i for i, t in enumerate(trajs) if t.advantage is None]
-    normed = group_normalized([trajs[i].reward for i in free],
-                              [(trajs[i].task_type, trajs[i].role) for i in free], eps,
-                              [trajs[i].subgroup for i in free])
+    keys = [(trajs[i].task_type, trajs[i].role) for i in free]
+    gated = {k for k, i in zip(keys, free, strict=True) if trajs[i].gate is not None}
+    mixed = gated & {k for k, i in zip(keys, free, strict=True) if trajs[i].gate is None}
+    if mixed:
+        raise ValueError(f"groups {sorted(mixed)} mix gated and plain trajectories")
+    values = [trajs[i].gate if trajs[i].gate is not None else trajs[i].reward for i in free]
+    normed = group_normalized(values, keys, eps, [trajs[i].subgroup for i in free])
     adv = [float(t.advantage) if t.advantage is not None else 0.0 for t in trajs]
     for i, a in zip(free, normed, strict=True):
-        adv[i] = a
+        adv[i] = a + (trajs[i].direction if trajs[i].gate is not None else 0.0)
     return adv
+
+
+def score_share(advantages: Sequence[float], eligible: Sequence[bool],
+                groups: Sequence[Hashable]) -> tuple[float, float]:
+    """(sum of squares of the advantages of eligible members around their group's eligible
+    mean, total sum of squares around the group means), pooled over groups: the first is the
+    part only the reward's score decides, the second everything."""
+    members: dict[Hashable, list[int]] = defaultdict(list)
+    for i, g in enumerate(groups):
+        members[g].append(i)
+    within = total = 0.0
+    for idx in members.values():
+        mean = sum(advantages[i] for i in idx) / len(idx)
+        total += sum((advantages[i] - mean) ** 2 for i in idx)
+        el = [i for i in idx if eligible[i]]
+        if el:
+            el_mean = sum(advantages[i] for i in el) / len(el)
+            within += sum((advantages[i] - el_mean) ** 2 for i in el)
+    return within, total
+
+
+def proposer_score_share(trajs: Sequence[Trajectory], eligible_ids: set[str]) -> float | None:
+    """The share of the proposer trajectories' advantage variance that differs between
+    eligible candidates of a group (`score_share` within / total); None without proposer
+    trajectories, 0.0 when their advantages do not vary."""
+    adv = trajectory_advantages(trajs)
+    idx = [i for i, t in enumerate(trajs) if t.role == "proposer" and t.advantage is None]
+    if not idx:
+        return None
+    within, total = score_share([adv[i] for i in idx],
+                                [trajs[i].task_id in eligible_ids for i in idx],
+                                [trajs[i].task_type for i in idx])
+    return within / total if total > 0 else 0.0
 
 
 def broadcast_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""How much of the proposer's advantage variance the cosine decides, under `reward.normalize`.
+"""How much of the proposer's advantage variance the cosine decides, under `reward.normalize`
+(all, eligible, gated_rank).
 
 `python -m compassplay.eval.advantage_share SAMPLES.jsonl [...] [--per-type 64]` reads recorded
 proposals (a run's samples.jsonl rows: task_type, valid, invalid_reason, solve_rate, cosine;
@@ -26,10 +27,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compassplay.config import RewardSection
-from compassplay.engines.advantages import group_normalized
+from compassplay.engines.advantages import group_normalized, score_share
+from compassplay.records import Score
 from compassplay.rewards.functions import proposer_reward
+from compassplay.rewards.shaping import ScoreWindow, gate_levels, gate_of, shape
 
-NORMALIZATIONS = ("all", "eligible")
+NORMALIZATIONS = ("all", "eligible", "gated_rank")
 
 
 @dataclass(frozen=True)
@@ -70,38 +73,61 @@ def reward_of(p: Proposal, cfg: RewardSection) -> float:
 def cosine_share(rewards: Sequence[float], eligible: Sequence[bool], groups: Sequence[str],
                  normalize: str) -> tuple[float, float]:
     """(sum of squares of the advantages among eligible candidates around their group's
-    eligible mean, total sum of squares around the group means), pooled over groups."""
+    eligible mean, total sum of squares around the group means), pooled over groups, for
+    normalize all / eligible (`engines.advantages.score_share`)."""
     subs = ["eligible" if e and normalize == "eligible" else "" for e in eligible]
-    adv = group_normalized(rewards, groups, subgroups=subs)
-    members: dict[str, list[int]] = defaultdict(list)
-    for i, g in enumerate(groups):
-        members[g].append(i)
-    within = total = 0.0
-    for idx in members.values():
-        mean = sum(adv[i] for i in idx) / len(idx)
-        total += sum((adv[i] - mean) ** 2 for i in idx)
-        el = [i for i in idx if eligible[i]]
-        if el:
-            el_mean = sum(adv[i] for i in el) / len(el)
-            within += sum((adv[i] - el_mean) ** 2 for i in el)
-    return within, total
+    return score_share(group_normalized(rewards, groups, subgroups=subs), eligible, groups)
+
+
+def gated_share(rows: Sequence[Proposal], cfg: RewardSection, window: ScoreWindow
+                ) -> tuple[float, float]:
+    """`cosine_share` of one batch under normalize=gated_rank: the gate's z-score per group
+    plus the rank direction against `window` (which the batch's cosines then join)."""
+    scores = [Score(task_id=str(i), reward=reward_of(p, cfg), kind="cosine",
+                    eligible=p.cosine is not None, solve_rate=p.solve_rate,
+                    gate=gate_of(parse_fail=p.parse_fail, valid=p.valid,
+                                 eligible=p.cosine is not None, kind="cosine", novelty=None))
+              for i, p in enumerate(rows)]
+    levels = gate_levels(cfg.format_penalty, cfg.invalid_penalty, cfg.ineligible_reward,
+                         cfg.copy_reward)
+    shaped = shape(scores, levels, window, cfg.rank_weight)
+    groups = [p.task_type for p in rows]
+    z = group_normalized([shaped[s.task_id].gate for s in scores], groups)
+    adv = [a + shaped[s.task_id].direction for a, s in zip(z, scores, strict=True)]
+    return score_share(adv, [p.cosine is not None for p in rows], groups)
 
 
 def batch_shares(props: Sequence[Proposal], cfg: RewardSection) -> dict[str, float]:
-    """Per normalisation, the cosine's share pooled over `props`' batches."""
+    """Per normalisation, the cosine's share pooled over `props`' batches (in order; under
+    gated_rank one window runs through them, as in a run)."""
     out = {}
+    by_batch: dict[str, list[Proposal]] = defaultdict(list)
+    for p in props:
+        by_batch[p.batch].append(p)
     for norm in NORMALIZATIONS:
+        if norm == "gated_rank" and not _orders_gates(cfg):
+            continue
         within = total = 0.0
-        by_batch: dict[str, list[Proposal]] = defaultdict(list)
-        for p in props:
-            by_batch[p.batch].append(p)
+        window = ScoreWindow(cfg.rank_window)
         for rows in by_batch.values():
-            w, t = cosine_share([reward_of(p, cfg) for p in rows],
-                                [p.cosine is not None for p in rows],
-                                [p.task_type for p in rows], norm)
+            if norm == "gated_rank":
+                w, t = gated_share(rows, cfg, window)
+            else:
+                w, t = cosine_share([reward_of(p, cfg) for p in rows],
+                                    [p.cosine is not None for p in rows],
+                                    [p.task_type for p in rows], norm)
             within, total = within + w, total + t
         out[norm] = within / total if total else 0.0
     return out
+
+
+def _orders_gates(cfg: RewardSection) -> bool:
+    """Whether `cfg`'s penalties are valid gate levels (gated_rank's validator)."""
+    try:
+        RewardSection.model_validate({**cfg.model_dump(), "normalize": "gated_rank"})
+    except ValueError:
+        return False
+    return True
 
 
 def resampled(props: Sequence[Proposal], per_type: int, batches: int, seed: int = 0
@@ -148,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     props = load_rows(a.samples)
     settings = {"defaults": RewardSection(),
-                "before_2026_12_01": RewardSection(invalid_penalty=-0.5, ineligible_reward=0.0)}
+                "before_2026_12_01": RewardSection(invalid_penalty=-0.5, ineligible_reward=0.0,
+                                                   normalize="all")}
     out = {name: measure(props, cfg, a.per_type, a.batches, a.seed)
            for name, cfg in settings.items()}
     json.dump(out, sys.stdout, indent=1)

@@ -70,6 +70,10 @@ class RunMetrics:
         self.reward_distinct = Gauge("compassplay_reward_distinct",
                                      "distinct proposer reward values among eligible candidates",
                                      registry=r)
+        self.score_share = Gauge("compassplay_score_advantage_share",
+                                 "share of the proposer's advantage variance that the reward's "
+                                 "score decides (between eligible candidates) in the last step",
+                                 registry=r)
         self.scorer_seconds = Gauge("compassplay_scorer_seconds",
                                     "gradient scorer wall seconds in the last step", registry=r)
         self.verifier_runs_per_s = Gauge("compassplay_verifier_runs_per_second",
@@ -140,6 +144,8 @@ class RunMetrics:
             self.solve_rate.observe(rate)
         self.reward_mean.set(s.reward_mean)
         self.reward_distinct.set(s.reward_distinct)
+        if s.score_advantage_share is not None:
+            self.score_share.set(s.score_advantage_share)
         self.scorer_seconds.set(s.stage_seconds.get("score", 0.0))
         self.loss.set(s.loss)
         self.grad_norm.set(s.grad_norm)

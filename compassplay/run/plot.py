@@ -27,11 +27,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
                     ("accuracy (all attempts)", "solver_accuracy")]),
         ("proposals", [("proposals", "proposals"), ("valid", "valid"), ("eligible", "eligible")]),
         ("learner", [("loss", "loss"), ("grad norm", "grad_norm")]),
-        ("distinct reward values", [("distinct", "reward_distinct")]),
+        ("reward signal", [("distinct eligible rewards", "reward_distinct"),
+                           ("score's share of proposer advantage variance",
+                            "score_advantage_share")]),
     ]
     for ax, (title, series) in zip(axes.flat, panels, strict=False):
         for label, key in series:
-            ax.plot(steps, [r[key] for r in rows], marker=".", label=label)
+            ax.plot(steps, [r.get(key) if r.get(key) is not None else float("nan")
+                            for r in rows], marker=".", label=label)
         ax.set_title(title)
         ax.set_xlabel("step")
         ax.legend()

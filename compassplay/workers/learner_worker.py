@@ -9,11 +9,13 @@ from pathlib import Path
 import torch
 
 from compassplay.config import RunConfig
+from compassplay.engines.advantages import proposer_score_share
 from compassplay.engines.dist import RankInfo, rendezvous
 from compassplay.engines.factory import make_learner
 from compassplay.models.bootstrap import load_policy
 from compassplay.records import StepStats
 from compassplay.rewards.batch import mean_example_loss
+from compassplay.rewards.shaping import ScoreWindow, gate_levels, shape
 from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from compassplay.run.memory_plan import colocated
 from compassplay.step import stages
@@ -89,6 +91,8 @@ class LearnerWorker:
         # torch's cached blocks back at the end of every learn() (`release_cached_memory`)
         self.release_cache = role_device(cfg, "learner").type == "cuda" and colocated(cfg)
         self.cumulative_device_seconds = 0.0  # training's device seconds so far
+        # reward.normalize=gated_rank: recent eligible scores (rewards.shaping), checkpointed
+        self.score_window = ScoreWindow(cfg.reward.rank_window)
         if restore:
             self.restore()
 
@@ -160,12 +164,15 @@ class LearnerWorker:
             self.learner.reset(self._initial)  # in place: ZeRO-3 parameters are partitioned
             self.steps_done, self.restored_state = 0, None
             self.cumulative_device_seconds = 0.0
+            self.score_window = ScoreWindow(self.cfg.reward.rank_window)
         else:
             self.restored_state = load_checkpoint(ckpt, self.learner)
             self.steps_done = self.restored_state["step"] + 1
             recent = self.restored_state.get("recent_stats") or [{}]
             self.cumulative_device_seconds = float(
                 recent[-1].get("cumulative_device_seconds", 0.0))
+            self.score_window = ScoreWindow(self.cfg.reward.rank_window)
+            self.score_window.load_state_dict(self.restored_state.get("score_window") or {})
         self.version_offset = max(0, min_version - self.learner.weight_version)
         self.recent = []
         return self.restored_state
@@ -188,7 +195,8 @@ class LearnerWorker:
             if self.cfg.solver.train_on == "selected" else None
         trajs = stages.make_trajectories(self.env, batch.tasks + props.seed_tasks,
                                          attempts.attempts, graded.verdicts, scores,
-                                         self.cfg.reward.normalize, train, selected)
+                                         self.cfg.reward.normalize, train, selected,
+                                         self._shaped(scores))
         with timed(self.gpus) as learn_timing:
             lstats = self.learner.step(trajs)
         lstats.weight_version = self.weight_version
@@ -203,6 +211,8 @@ class LearnerWorker:
                   **(recorded or {})}
         stats = stages.summarize(props.step, batch.tasks, graded.rates, attempts.attempts,
                                  graded.verdicts, scores, lstats, cost, domain or None)
+        stats.score_advantage_share = proposer_score_share(
+            trajs, {s.task_id for s in scores if s.eligible})
         if self.reference is not None:
             stats.reference_loss = mean_example_loss(
                 self.model, self.reference, self.tok.pad_token_id,
@@ -216,6 +226,16 @@ class LearnerWorker:
         return StepResult(stats, self.weight_version,
                           {"checkpoint": ckpt, "samples": stages.samples(props.step, batch.tasks,
                                                                          scores)})
+
+    def _shaped(self, scores: list) -> dict | None:
+        """reward.normalize=gated_rank: each proposal's gate level and rank direction (the
+        eligible scores then join the window); None otherwise."""
+        r = self.cfg.reward
+        if r.normalize != "gated_rank":
+            return None
+        levels = gate_levels(r.format_penalty, r.invalid_penalty, r.ineligible_reward,
+                             r.copy_reward)
+        return shape(scores, levels, self.score_window, r.rank_weight)
 
     def release_cached_memory(self, always: bool = False) -> None:
         """Hand the blocks kept cached after the step (activations, gathered parameters) back
@@ -246,7 +266,8 @@ class LearnerWorker:
             self.recent = []
             return ""
         state = {"step": step, "env": env_state,
-                 "recent_stats": [s.model_dump(mode="json") for s in self.recent]}
+                 "recent_stats": [s.model_dump(mode="json") for s in self.recent],
+                 "score_window": self.score_window.state_dict()}
         path = save_checkpoint(self.run_dir, step, self.learner, state,
                                keep_last=self.cfg.learner.keep_last, tokenizer=self.tok)
         self.recent = []

@@ -38,10 +38,31 @@ def test_measure_recomputes_rewards_and_resamples_deterministically(tmp_path):
     path = tmp_path / "samples.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     props = A.load_rows([path])
-    cfg = RewardSection(invalid_penalty=-0.5, ineligible_reward=0.0)
+    cfg = RewardSection(invalid_penalty=-0.5, ineligible_reward=0.0, normalize="all")
     assert [A.reward_of(p, cfg) for p in props] == [-1.0, -0.5, 0.0, 0.02, -0.01]
     out = A.measure(props, RewardSection(), per_type=16, batches=5)
     assert out["eligible"] == 2 and out["batches"] == 1
     got = out["resampled_16_per_type"]
     assert 0.0 < got["all"] < got["eligible"] < 1.0
     assert A.measure(props, RewardSection(), per_type=16, batches=5) == out
+
+
+def test_gated_rank_share_on_recorded_rows_beats_the_plain_form(tmp_path):
+    """Two steps of the recorded class mix: the gate carries the classes, the rank the
+    cosine; a configuration whose penalties cannot be gates reports no gated figure."""
+    rows = []
+    for step in range(2):
+        for i, (valid, reason, s, cos) in enumerate([
+                (False, "parse:no_block", None, None), (False, "runtime_error", None, None),
+                (True, "", 1.0, None), (True, "", 0.0, None),
+                (True, "", 0.5, 0.02 - 0.01 * step), (True, "", 0.25, -0.01 + 0.03 * step)]):
+            rows.append({"step": step, "task_type": "deduction", "valid": valid,
+                         "invalid_reason": reason, "solve_rate": s, "cosine": cos, "i": i})
+    path = tmp_path / "samples.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    props = A.load_rows([path])
+    shares = A.batch_shares(props, RewardSection())
+    assert shares["all"] < 0.01 < 0.1 < shares["gated_rank"] < 1.0
+    old = A.batch_shares(props, RewardSection(invalid_penalty=-0.5, ineligible_reward=0.0,
+                                              normalize="all"))
+    assert "gated_rank" not in old and old["all"] > 0.0

@@ -5,12 +5,14 @@ from pathlib import Path
 import pytest
 
 from compassplay.config import RewardSection, RunConfig, load_config
+from compassplay.engines.advantages import trajectory_advantages
 from compassplay.envs.code import CodeEnvironment
 from compassplay.models import load_model
 from compassplay.records import Attempt, Generation, Task
 from compassplay.rewards.functions import token_jaccard
 from compassplay.rewards.oracle import flatten, per_example_grads, reference_grads
 from compassplay.rewards.reference_set import load_reference
+from compassplay.rewards.shaping import ScoreWindow, gate_levels, shape
 from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
@@ -120,12 +122,15 @@ def test_rewards_per_kind(setup, kind):
 def test_outside_the_band_and_ill_posed_rewards_follow_the_config(setup, kind, outside,
                                                                    invalid):
     _, _, tasks, _, verdicts, cands, alignment = setup
-    cfg = RewardSection(kind=kind, ineligible_reward=outside, invalid_penalty=invalid)
+    cfg = RewardSection(kind=kind, ineligible_reward=outside, invalid_penalty=invalid,
+                        normalize="all")  # (0, -0.5) cannot be gated_rank's levels
     utility = {c.task_id: 0.125 for c in cands}
     scores = {s.task_id: s for s in stages.assign_rewards(
         cfg, tasks, rates_of(tasks, verdicts), cands, alignment, utility)}
     assert scores["p1"].reward == outside  # valid, solved by all 4 attempts: s = 1
     assert scores["p4"].reward == invalid and scores["p3"].reward == -1.0
+    assert {t: scores[t].gate for t in ("p0", "p1", "p3", "p4")} == {
+        "p0": "eligible", "p1": "ineligible", "p3": "unparsed", "p4": "invalid"}
     inside = {"difficulty": 0.5, "cosine": alignment["p0"][0], "soar": 0.125}[kind]
     assert scores["p0"].reward == pytest.approx(inside)  # s = 0.5: the kind's own reward
 
@@ -163,6 +168,30 @@ def test_trajectories_carry_rewards(setup):
     assert sum(t.reward for t in solver) == 7.0  # 2 + 4 + 1 correct attempts, binary reward
     assert all(t.role == "solver" for t in trajs)  # these hand-made proposals have no generation
     assert isinstance(attempts[0], Attempt)
+
+
+def test_gated_rank_trajectories_carry_the_gate_and_the_direction(setup):
+    """normalize=gated_rank: each proposer trajectory carries its class level and, when
+    eligible, the rank of its cosine; the learner's advantages follow the cosine among them."""
+    _, env, tasks, attempts, verdicts, cands, alignment = setup
+    gen = Generation(prompt_ids=[1], completion_ids=[2], logprobs=[-1.0], text="x")
+    tasks = [t.model_copy(update={"proposal": gen}) for t in tasks]
+    cfg = RewardSection(kind="cosine")
+    scores = stages.assign_rewards(cfg, tasks, rates_of(tasks, verdicts), cands, alignment)
+    with pytest.raises(ValueError, match="gated_rank"):
+        stages.make_trajectories(env, tasks, attempts, verdicts, scores, "gated_rank")
+    levels = gate_levels(cfg.format_penalty, cfg.invalid_penalty, cfg.ineligible_reward,
+                         cfg.copy_reward)
+    shaped = shape(scores, levels, ScoreWindow(8), cfg.rank_weight)
+    trajs = {t.task_id: t for t in stages.make_trajectories(
+        env, tasks, attempts, verdicts, scores, "gated_rank", shaped=shaped)
+        if t.role == "proposer"}
+    assert {k: t.gate for k, t in trajs.items()} == {"p0": 0.0, "p1": -0.5, "p2": 0.0,
+                                                     "p3": -1.0, "p4": -1.0}
+    hi, lo = sorted(("p0", "p2"), key=lambda k: alignment[k][0], reverse=True)
+    assert trajs[hi].direction > 0 > trajs[lo].direction
+    adv = dict(zip(trajs, trajectory_advantages(list(trajs.values())), strict=True))
+    assert adv[hi] > adv[lo] > adv["p1"] > adv["p3"]
 
 
 @pytest.mark.parametrize("normalize", ["all", "eligible"])

@@ -136,7 +136,8 @@ def test_prometheus_endpoint_scraped_during_run(tmp_path, ray_local):
                  "compassplay_stage_seconds_bucket", "compassplay_proposals_total",
                  "compassplay_valid_total", "compassplay_eligible_total",
                  "compassplay_solve_rate_bucket", "compassplay_reward_mean",
-                 "compassplay_reward_distinct", "compassplay_scorer_seconds",
+                 "compassplay_reward_distinct", "compassplay_score_advantage_share",
+                 "compassplay_scorer_seconds",
                  "compassplay_verifier_runs_per_second", "compassplay_verifier_runs",
                  "compassplay_learner_loss", "compassplay_learner_grad_norm"]:
         assert name in body, name
