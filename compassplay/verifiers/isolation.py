@@ -15,15 +15,15 @@ pid 1 of the pid namespace. Two ways to get there:
   dropped except the few the zygote needs to drop each program to a per-worker unprivileged
   uid (so RLIMIT_NPROC binds), bring loopback down, kill leftovers and wipe scratch.
 * rootless mode (``bwrap-userns``, chosen by ``bwrap`` otherwise): bubblewrap creates an
-  unprivileged user namespace (no setuid helper) and the zygote holds no capability at all
-  once it has sealed /dev (below); RLIMIT_NPROC counts per user namespace, so it binds per
-  worker as well. Started by root (tests, containers), bwrap is launched as ``rootless_uid``
+  unprivileged user namespace (no setuid helper) and the zygote holds no capability at all;
+  RLIMIT_NPROC counts per user namespace, so it binds per worker as well. Started by root (tests, containers), bwrap is launched as ``rootless_uid``
   (default 65534).
 
-In both modes the zygote also starts with `sandbox_dev.SETUP_CAPS`, only to remount the device
-binds read-only (bubblewrap cannot make a read-only bind that still allows device access); it
-drops them from every capability set before anything else (`sandbox_dev.seal_dev`).
-Programs never hold a capability and run under no_new_privs and the seccomp filter.
+In both modes bubblewrap first runs a short-lived interpreter with `sandbox_dev.SETUP_CAPS` on
+top, only to remount the device binds read-only (bubblewrap cannot make a read-only bind that
+still allows device access); it drops them from every capability set and execs the zygote
+(`seal_prefix`, `sandbox_dev.seal_dev`). Programs never hold a capability and run under
+no_new_privs and the seccomp filter.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def check_mode(mode: str) -> None:
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_worker.py")
 # Loaded before the worker under their bare names (the worker imports them from sys.modules).
 PRELOADED = ("sandbox_proto", "sandbox_seccomp", "sandbox_child", "sandbox_scratch",
-             "sandbox_kernel", "sandbox_dev")
+             "sandbox_kernel")
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
 PRIVATE_DIRS = ("/tmp", "/dev")  # fresh tmpfs in every sandbox (/dev/shm is one too)
@@ -271,7 +271,7 @@ def system_binds() -> list[str]:
 def dev_layout() -> list[str]:
     """bwrap arguments for /dev: a fresh tmpfs (read-only once `bwrap_prefix` has mounted
     /dev/shm on it) with the device nodes of `sandbox_dev.DEV_NODES` bound from the host
-    (the zygote makes each bind read-only: `sandbox_dev.seal_dev`) and the symlinks fd,
+    (made read-only before the zygote starts: `seal_prefix`) and the symlinks fd,
     stdin, stdout and stderr into /proc/self/fd. No devpts (/dev/pts, /dev/ptmx): no
     pseudo-terminals, each of which holds kernel buffers no limit here counts; no /dev/tty:
     programs have no controlling terminal."""
@@ -311,6 +311,21 @@ def bwrap_prefix(mode: str, tmpfs_mb: int = 64, hash_seed: int = 0) -> list[str]
     return args + ["--chdir", "/tmp", "--"]
 
 
+_seal_source_cache: dict[tuple[int, int], str] = {}
+
+
+def seal_prefix() -> list[str]:
+    """The command every sandbox runs first, ahead of its real command line: an interpreter
+    that seals /dev and execs the rest (`sandbox_dev.main`). Its source travels in argv: it
+    is a few KiB, and the process is gone (exec'd) before the zygote starts."""
+    st = os.stat(sandbox_dev.__file__)
+    key = (st.st_mtime_ns, st.st_size)
+    if key not in _seal_source_cache:
+        with open(sandbox_dev.__file__, encoding="utf-8") as f:
+            _seal_source_cache[key] = f.read() + "\nmain()\n"
+    return [interpreter(), "-I", "-S", "-B", "-c", _seal_source_cache[key]]
+
+
 def zygote_argv(cfg: dict) -> list[str]:
     """The zygote's interpreter command line (no -I/-E: PYTHONHASHSEED must be honoured; the
     environment is cleared around it). Its code follows on stdin: `bootstrap_frames`."""
@@ -325,7 +340,7 @@ def spawn_command(mode: str, argv: list[str], *, tmpfs_mb: int = 64, hash_seed: 
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": str(hash_seed),
                "LD_BIND_NOW": "1"}
         return argv, env
-    cmd = bwrap_prefix(mode, tmpfs_mb, hash_seed) + argv
+    cmd = bwrap_prefix(mode, tmpfs_mb, hash_seed) + seal_prefix() + argv
     drop = mode == ROOTLESS and os.geteuid() == 0
     if not drop and cgroup is None:
         return cmd, {}

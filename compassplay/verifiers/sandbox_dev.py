@@ -1,11 +1,13 @@
-"""Sealing the sandbox's /dev, once, as the zygote's first act (stdlib only; preloaded into the
-sandbox under its bare name, see `isolation.bootstrap_frames`, and dropped by the zygote once
-used, so none of it stays in the heap every fork copies).
+"""Sealing a sandbox's /dev before the zygote starts (stdlib only).
 
 bubblewrap binds a device node only writable (any program could then set its timestamps, which
 are the host node's), and a read-only bind it makes is also nodev, which would leave no working
-/dev/null. So the zygote starts with `SETUP_CAPS` and `seal_dev` remounts each bind read-only
-with device access kept, then drops those capabilities from every set.
+/dev/null. So bubblewrap's command is first a short-lived interpreter running this file's source
+(`isolation.seal_prefix`) with `SETUP_CAPS` on top of the zygote's: `seal_dev` remounts each
+device bind read-only with device access kept and drops those capabilities from every set, then
+`main` execs the zygote's command line, which keeps only the ambient capabilities (root mode's
+`isolation.ROOT_CAPS`, rootless mode's none). The zygote itself runs none of this code, so its
+heap, which every run's fork copies, is what it was before.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 
 # The device nodes bound into every sandbox's /dev (`isolation.dev_layout`), read-only.
 DEV_NODES = ("full", "null", "random", "urandom", "zero")
-# Held by the zygote only while `seal_dev` remounts those binds, then dropped from every set.
+# Held only while `seal_dev` remounts those binds, then dropped from every set.
 SETUP_CAPS = {"CAP_SETPCAP": 8, "CAP_SYS_ADMIN": 21}
 _MS_RDONLY, _MS_REMOUNT, _MS_BIND, _MS_RELATIME = 1, 32, 4096, 1 << 21
 _KEPT_FLAGS = os.ST_NOSUID | os.ST_NODEV | os.ST_NOEXEC | os.ST_NOATIME | os.ST_NODIRATIME
@@ -24,8 +26,8 @@ _CAP_VERSION_3 = 0x20080522
 
 def seal_dev(libc, nodes: tuple[str, ...] = DEV_NODES) -> None:
     """Remount each device bind ``/dev/<node>`` read-only with device access kept, then drop
-    `SETUP_CAPS` from every capability set. Raises OSError on any failure: the zygote then
-    never starts."""
+    `SETUP_CAPS` from every capability set. Raises OSError on any failure (the sandbox's
+    command then never starts)."""
     import ctypes
 
     for name in nodes:
@@ -70,3 +72,13 @@ def capability_sets(pid: int) -> dict[str, int]:
     with open(f"/proc/{pid}/status", "rb") as fh:
         return {line[:6].decode(): int(line.split()[1], 16) for line in fh
                 if line.startswith(b"Cap")}
+
+
+def main() -> None:
+    """Entry of the sealing interpreter (``python -c <this source> main-call argv...``): seal
+    /dev, then exec ``sys.argv[1:]`` (same pid, same stdin: the zygote's bootstrap pipe)."""
+    import ctypes
+    import sys
+
+    seal_dev(ctypes.CDLL(None, use_errno=True))
+    os.execv(sys.argv[1], sys.argv[1:])

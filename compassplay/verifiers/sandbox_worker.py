@@ -2,14 +2,13 @@
 
 Protocol: `sandbox_proto` (binary length-prefixed frames on stdin/stdout, pipelined). The
 forked child's side (lock-down, then the program) is `sandbox_child`, the per-run fresh state
-`sandbox_scratch`; the bootstrap preloads them, `sandbox_seccomp` and `sandbox_dev` under their
-bare names (see `isolation.bootstrap_frames`).
+`sandbox_scratch`; the bootstrap preloads them, and `sandbox_seccomp`, under their bare names
+(see `isolation.bootstrap_frames`).
 
 The zygote is pid 1 of the sandbox's pid namespace (so a program can signal it only where the
 kernel drops the signal), non-dumpable, and already under the seccomp filter and the programs'
-environment, so a run inherits them for free. Before anything else it makes the device binds in
-/dev read-only and drops the two capabilities that takes (`sandbox_dev.seal_dev`): no run can
-change any entry of /dev (a read-only tmpfs). For each request it forks a fresh child that
+environment, so a run inherits them for free (and /dev is sealed before it starts:
+`sandbox_dev`). For each request it forks a fresh child that
 (root mode) drops to the worker's unprivileged uid, applies rlimits, chdirs into a fresh scratch
 directory and execs the program in a fresh ``__main__``. Afterwards every process left in the
 pid namespace is killed, /tmp and /dev/shm are emptied and restored and a new scratch directory
@@ -86,21 +85,15 @@ class Zygote:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        # preloaded by the bootstrap and needed once: none of it stays in the heap forks copy
-        seal = sys.modules.pop("sandbox_dev", None)
         if self.isolated:
             if os.getpid() != 1:
                 raise SystemExit("isolated zygote must be pid 1 of its own pid namespace")
-            if seal is None:
-                raise SystemExit("isolated zygote without its preloaded sandbox_dev")
-            seal.seal_dev(libc)  # first: device binds read-only, setup caps dropped
             if cfg.get("loopback_down"):
                 sandbox_kernel.loopback_down(libc)
             # Same-uid programs (rootless mode) must not read or write our memory via /proc.
             libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         else:
             libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        del seal
         # pid 1 only receives signals it has handlers for: keep none (Python installs SIGINT;
         # programs inherit SIG_DFL too, so SIGINT ends them like any fatal signal).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
