@@ -105,17 +105,37 @@ def score_share(advantages: Sequence[float], eligible: Sequence[bool],
 
 
 def proposer_score_share(trajs: Sequence[Trajectory], eligible_ids: set[str]) -> float | None:
-    """The share of the proposer trajectories' advantage variance that differs between
-    eligible candidates of a group (`score_share` within / total); None without proposer
-    trajectories, 0.0 when their advantages do not vary."""
+    """The share of the proposer trajectories' advantage variance that the reward's score
+    decides: plain trajectories, the part that differs between eligible candidates of a group
+    (`score_share`); gated ones (normalize=gated_rank), the rank term's part of the
+    advantages' sum of squares (`gated_score_share`), so a task alone among the eligible of
+    its group counts too. None without proposer trajectories, 0.0 when their advantages do
+    not vary."""
     adv = trajectory_advantages(trajs)
     idx = [i for i, t in enumerate(trajs) if t.role == "proposer" and t.advantage is None]
     if not idx:
         return None
-    within, total = score_share([adv[i] for i in idx],
-                                [trajs[i].task_id in eligible_ids for i in idx],
-                                [trajs[i].task_type for i in idx])
+    groups = [trajs[i].task_type for i in idx]
+    if any(trajs[i].gate is not None for i in idx):
+        within, total = gated_score_share([adv[i] - trajs[i].direction for i in idx],
+                                          [trajs[i].direction for i in idx])
+    else:
+        within, total = score_share([adv[i] for i in idx],
+                                    [trajs[i].task_id in eligible_ids for i in idx], groups)
     return within / total if total > 0 else 0.0
+
+
+def gated_score_share(gate_z: Sequence[float], directions: Sequence[float]
+                      ) -> tuple[float, float]:
+    """(sum of direction^2, sum of gate_z^2 + sum of direction^2) under normalize=gated_rank,
+    where advantage = gate_z (the gate's z-score, centred in each group) + direction (the
+    rank term, the part the score decides). Bounded in [0, 1] as a ratio, unlike the rank
+    term's share of the variance around group means, which its non-zero group means and its
+    covariance with the gate can push past 1."""
+    if len(gate_z) != len(directions):
+        raise ValueError(f"{len(gate_z)} gate z-scores but {len(directions)} directions")
+    d2 = float(sum(d * d for d in directions))
+    return d2, float(sum(z * z for z in gate_z)) + d2
 
 
 def broadcast_to_tokens(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

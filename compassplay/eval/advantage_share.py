@@ -12,7 +12,10 @@ replacement from the recorded ones (seeded).
 share = sum over eligible candidates of (A_i - mean of A over them)^2 / sum over all proposals
 of (A_i - mean A)^2, pooled over groups: the part of the advantages that differs between
 eligible candidates, which only the cosine decides; the rest contrasts the classes (parse
-failure, ill-posed, ineligible, eligible).
+failure, ill-posed, ineligible, eligible). Under gated_rank (advantage = gate z-score + rank term)
+the share is sum of rank term^2 / (sum of gate z^2 + sum of rank term^2), so an eligible
+candidate alone in its group, whose rank term the first form would miss, counts too. The learner logs the same figure per
+step (`StepStats.score_advantage_share`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compassplay.config import RewardSection
-from compassplay.engines.advantages import group_normalized, score_share
+from compassplay.engines.advantages import gated_score_share, group_normalized, score_share
 from compassplay.records import Score
 from compassplay.rewards.functions import proposer_reward
 from compassplay.rewards.shaping import ScoreWindow, gate_levels, gate_of, shape
@@ -81,8 +84,9 @@ def cosine_share(rewards: Sequence[float], eligible: Sequence[bool], groups: Seq
 
 def gated_share(rows: Sequence[Proposal], cfg: RewardSection, window: ScoreWindow
                 ) -> tuple[float, float]:
-    """`cosine_share` of one batch under normalize=gated_rank: the gate's z-score per group
-    plus the rank direction against `window` (which the batch's cosines then join)."""
+    """The cosine's share of one batch under normalize=gated_rank (advantage: the gate's
+    z-score per group plus the rank direction against `window`, which the batch's cosines then
+    join): the rank term's sum of squares over the total (`gated_score_share`)."""
     scores = [Score(task_id=str(i), reward=reward_of(p, cfg), kind="cosine",
                     eligible=p.cosine is not None, solve_rate=p.solve_rate,
                     gate=gate_of(parse_fail=p.parse_fail, valid=p.valid,
@@ -93,8 +97,8 @@ def gated_share(rows: Sequence[Proposal], cfg: RewardSection, window: ScoreWindo
     shaped = shape(scores, levels, window, cfg.rank_weight)
     groups = [p.task_type for p in rows]
     z = group_normalized([shaped[s.task_id].gate for s in scores], groups)
-    adv = [a + shaped[s.task_id].direction for a, s in zip(z, scores, strict=True)]
-    return score_share(adv, [p.cosine is not None for p in rows], groups)
+    dirs = [shaped[s.task_id].direction for s in scores]
+    return gated_score_share(z, dirs)
 
 
 def batch_shares(props: Sequence[Proposal], cfg: RewardSection) -> dict[str, float]:

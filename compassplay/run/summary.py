@@ -13,8 +13,10 @@ from compassplay.run.runlog import METRICS_FILE, SAMPLES_FILE, read_metrics
 
 COLUMNS = [("step", "step", "{:d}"), ("valid", "valid", "{}"), ("elig", "eligible", "{:d}"),
            ("solve", "solve_rate_mean", "{:.2f}"), ("acc", "solver_accuracy", "{:.2f}"),
-           ("reward", "reward_mean", "{:+.3f}"), ("loss", "loss", "{:+.4f}"),
-           ("sec", "step_seconds", "{:.0f}")]
+           ("reward", "reward_mean", "{:+.3f}"), ("share", "score_advantage_share", "{:.0%}"),
+           ("loss", "loss", "{:+.4f}"), ("sec", "step_seconds", "{:.0f}")]
+"""Columns of the per-step table: (header, metrics.jsonl key, format). `share`: the part of
+the proposer's advantage variance the reward's score decides (docs/reward.md)."""
 
 
 def run_summary(run_dir: str | Path) -> dict:

@@ -34,6 +34,13 @@ def _score(tid: str, gate: str, reward: float, kind: str = "cosine") -> Score:
 def _advantages(scores: list[Score], cfg: RewardSection, window: ScoreWindow | None = None,
                 task_type: str = "deduction") -> dict[str, float]:
     """Proposer advantages of one group under `cfg.normalize` (the learner's arithmetic)."""
+    trajs = _trajectories(scores, cfg, window, task_type)
+    return dict(zip((s.task_id for s in scores), trajectory_advantages(trajs), strict=True))
+
+
+def _trajectories(scores: list[Score], cfg: RewardSection, window: ScoreWindow | None = None,
+                  task_type: str = "deduction") -> list[Trajectory]:
+    """Proposer trajectories of one group as `stages.make_trajectories` builds them."""
     shaped = None
     if cfg.normalize == "gated_rank":
         levels = gate_levels(cfg.format_penalty, cfg.invalid_penalty, cfg.ineligible_reward,
@@ -45,7 +52,7 @@ def _advantages(scores: list[Score], cfg: RewardSection, window: ScoreWindow | N
                         gate=shaped[s.task_id].gate if shaped else None,
                         direction=shaped[s.task_id].direction if shaped else 0.0)
              for s in scores]
-    return dict(zip((s.task_id for s in scores), trajectory_advantages(trajs), strict=True))
+    return trajs
 
 
 def test_mid_ranks_and_ties():
@@ -195,13 +202,27 @@ def test_score_share_rises_when_the_gate_carries_the_classes():
             scores.append(_score(f"s{step}-{i}", gate, r))
         eligible = {s.task_id for s in scores if s.eligible}
         for cfg in (cfg_plain, cfg_gated):
-            adv = _advantages(scores, cfg, window if cfg is cfg_gated else None)
-            trajs = [Trajectory(generation=GEN, reward=0.0, role="proposer",
-                                task_type="deduction", task_id=t, advantage=None, gate=0.0,
-                                direction=a) for t, a in adv.items()]
-            # gate 0 everywhere: the advantage is exactly `direction` = the learner's value
-            share = proposer_score_share(trajs, eligible)
-            shares[cfg.normalize].append(share)
+            trajs = _trajectories(scores, cfg, window if cfg is cfg_gated else None)
+            shares[cfg.normalize].append(proposer_score_share(trajs, eligible))
     mean = {k: sum(v) / len(v) for k, v in shares.items()}
     assert mean["all"] < 0.01
     assert mean["gated_rank"] > 10 * mean["all"]
+
+
+def test_gated_share_counts_a_lone_eligible_task():
+    """One eligible task per group: no variance among eligible tasks of a group, but its rank
+    term is the score's part of the advantage (0 only where the rank is the median)."""
+    cfg = RewardSection()
+    window = ScoreWindow(cfg.rank_window)
+    window.directions([0.0, 0.01, 0.02, 0.03])
+    scores = [_score("a", "eligible", 0.05), _score("b", "ineligible", -0.5),
+              _score("c", "invalid", -1.0)]
+    trajs = _trajectories(scores, cfg, window)
+    adv = trajectory_advantages(trajs)
+    share = proposer_score_share(trajs, {"a"})
+    d = trajs[0].direction
+    z = [a - t.direction for a, t in zip(adv, trajs, strict=True)]
+    assert sum(z) == pytest.approx(0.0)  # the gate part is centred in the group
+    assert d > 0 and share == pytest.approx(d * d / (sum(x * x for x in z) + d * d))
+    plain = _trajectories(scores, cfg.model_copy(update={"normalize": "all"}))
+    assert proposer_score_share(plain, {"a"}) == 0.0
