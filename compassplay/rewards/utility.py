@@ -1,10 +1,19 @@
-"""Realized utility of a candidate: how much one learner step on its verified solution lowers a
+"""Realized utility of a candidate: how much one step on its verified solution lowers a
 target loss, measured from the same weights for every candidate.
 
+Three steps along a candidate's loss gradient g (`loss_gradient`), each an update `delta`
+(a list of tensors, theta <- theta + delta) that `step_drops` applies, evaluates and undoes:
+* `sgd_delta`: -eta g, the paper's plain gradient step (first order: drop = eta <g, g_t>);
+* `direction_delta`: -length g / ||g||, the direction the cosine scores at a fixed length
+  (first order: drop = length ||g_t|| cos(g, g_t));
+* `adamw_delta`: one step of the learner's AdamW with a given moment state (a run's
+  checkpoint, `optimizer.pt`), or a fresh state (its first step is about lr sign(g)).
+`predicted_drop` is the first-order prediction -<delta, g_t> of each.
+
 The paper's first-order claim: after a plain gradient step of size eta on candidate x,
-L_ref(theta - eta g(x)) ~ L_ref(theta) - eta <g(x), g_ref>, so the realized drop of the
-reference loss should track eta * <g, g_ref> for small eta (`first_order_drop`), and the cosine
-should rank candidates by how much a step on them teaches (`optimizer_step_drops`).
+L_t(theta - eta g(x)) ~ L_t(theta) - eta <g(x), g_t>, so for small eta the realized drop
+tracks eta <g, g_t>, and at a fixed step length the cosine ranks candidates by how much their
+step teaches.
 
 Losses are mean token cross-entropies in nats (mean over examples of each one's mean token loss,
 as `rewards.soar.mean_loss`). Every measurement restores the weights it started from.
@@ -12,24 +21,16 @@ as `rewards.soar.mean_loss`). Every measurement restores the weights it started 
 
 from __future__ import annotations
 
+import copy
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from compassplay.rewards.batch import Example
 from compassplay.rewards.soar import mean_loss
-
-
-@dataclass(frozen=True)
-class StepDrops:
-    """Loss drops (before minus after, nats/token; > 0 = the step helped) of one step."""
-
-    heldout: float
-    reference: float
-
 
 LossFn = Callable[[nn.Module], float]
 """The loss of a fixed example set at the model's current weights (`FixedSetLoss`)."""
@@ -69,32 +70,56 @@ def loss_gradient(model: nn.Module, examples: list[Example],
     return out
 
 
-def optimizer_step_drops(model: nn.Module, grad: list[torch.Tensor], heldout: LossFn,
-                         reference: LossFn, before: StepDrops, *, lr: float,
-                         max_grad_norm: float) -> StepDrops:
-    """One step of the learner's optimizer (AdamW as `engines.torch_learner`, a fresh state,
-    gradient clipped to `max_grad_norm`) along a candidate's gradient `grad`
-    (`loss_gradient`); the drops of the held-out and reference losses from `before` (their
-    values at the starting weights)."""
+def sgd_delta(grad: list[torch.Tensor], eta: float) -> list[torch.Tensor]:
+    """-eta g: a plain gradient step of size eta."""
+    return [-eta * g for g in grad]
+
+
+def grad_norm(grad: list[torch.Tensor]) -> float:
+    """||g|| over all tensors (float64 sum)."""
+    return math.sqrt(sum(float(g.double().pow(2).sum()) for g in grad))
+
+
+def direction_delta(grad: list[torch.Tensor], length: float) -> list[torch.Tensor]:
+    """-length g / ||g||: the gradient's direction at a fixed step length (zeros for g = 0)."""
+    norm = grad_norm(grad)
+    return [torch.zeros_like(g) if norm == 0 else (-length / norm) * g for g in grad]
+
+
+def adamw_delta(model: nn.Module, grad: list[torch.Tensor], state: dict | None, *, lr: float,
+                max_grad_norm: float) -> list[torch.Tensor]:
+    """The update one step of the learner's optimizer makes along `grad`: AdamW (betas 0.9,
+    0.999, eps 1e-8, no weight decay, as `engines.torch_learner.make_adamw`) over the trainable
+    parameters, the gradient clipped to `max_grad_norm` first, as the learner clips. `state`: an
+    AdamW `state_dict()` of the same parameters (a run's `learner/optimizer.pt`; its moments,
+    step count and learning rate are used, `lr` is then ignored), or None for a fresh state.
+    The weights are left as they were."""
     with restored(model):
         params = _trainable(model)
+        start = [p.detach().clone() for p in params]
         for p, g in zip(params, grad, strict=True):
             p.grad = g.clone()
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+        if state is not None:
+            opt.load_state_dict(copy.deepcopy(state))
         opt.step()
-        return StepDrops(before.heldout - heldout(model), before.reference - reference(model))
+        return [p.detach() - s for p, s in zip(params, start, strict=True)]
 
 
-def first_order_drop(model: nn.Module, grad: list[torch.Tensor], reference: LossFn,
-                     reference_before: float, g_ref: list[torch.Tensor], *,
-                     eta: float) -> tuple[float, float]:
-    """(realized drop of the reference loss after theta <- theta - eta g(x), and its first-order
-    prediction eta * <g(x), g_ref>); `grad` and `g_ref` from `loss_gradient` at the same
-    weights."""
-    inner = sum(float((g.double() * r.double()).sum()) for g, r in zip(grad, g_ref, strict=True))
+def step_drops(model: nn.Module, delta: list[torch.Tensor], losses: dict[str, LossFn],
+               before: dict[str, float]) -> dict[str, float]:
+    """Per target loss, the drop (before minus after, nats/token) after theta <- theta + delta
+    on the trainable parameters; `before` holds each loss at the starting weights. The weights
+    are put back."""
     with restored(model):
         with torch.no_grad():
-            for p, g in zip(_trainable(model), grad, strict=True):
-                p.sub_(eta * g)
-        return reference_before - reference(model), eta * inner
+            for p, d in zip(_trainable(model), delta, strict=True):
+                p.add_(d)
+        return {k: before[k] - fn(model) for k, fn in losses.items()}
+
+
+def predicted_drop(delta: list[torch.Tensor], target_grad: list[torch.Tensor]) -> float:
+    """The first-order drop of a loss with gradient `target_grad` after `delta`: -<delta, g_t>."""
+    return -sum(float((d.double() * g.double()).sum())
+                for d, g in zip(delta, target_grad, strict=True))

@@ -71,11 +71,13 @@ EXPERIMENTS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from compassplay.run import utility_experiment
+    from compassplay.run import selection_experiment, utility_experiment
 
-    p.add_argument("name", choices=sorted([*EXPERIMENTS, "utility"]),
-                   help="a comparison of arms, or 'utility' (does the cosine rank candidates "
-                        "by how much a step on them teaches; `run.utility_experiment`)")
+    p.add_argument("name", choices=sorted([*EXPERIMENTS, "utility", "selection"]),
+                   help="a comparison of arms (full RL runs), 'utility' (does the cosine rank "
+                        "candidates by how much a step on them teaches; "
+                        "`run.utility_experiment`) or 'selection' (what the tasks each reward "
+                        "selects teach a solver; `run.selection_experiment`)")
     p.add_argument("--out", required=True, help="experiment folder (runs/, logs/, report/)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=12, help="self-play steps per run")
@@ -91,6 +93,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", nargs="+", action="extend", default=[],
                    metavar="KEY=VALUE", help="config overrides applied to every arm")
     utility_experiment.add_arguments(p)
+    selection_experiment.add_arguments(p)
 
 
 def held_out_benchmark(data_dir: str) -> str:
@@ -183,6 +186,10 @@ def run(args: argparse.Namespace) -> int:
         from compassplay.run.utility_experiment import run_utility
 
         return run_utility(args)
+    if args.name == "selection":
+        from compassplay.run.selection_experiment import run_selection
+
+        return run_selection(args)
     exp = EXPERIMENTS[args.name]
     base = args.base or exp.base
     plan = run_plan(args)

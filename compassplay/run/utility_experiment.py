@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
-import random
 import time
 from pathlib import Path
 
@@ -32,7 +30,6 @@ from compassplay.config import ConfigError, RunConfig, load_config
 
 log = logging.getLogger(__name__)
 
-SCORES = ("cos", "inner", "difficulty", "novelty", "cos_novelty", "random")
 POOL_FILE, ROWS_FILE = "pool.jsonl", "candidates.jsonl"
 
 
@@ -50,11 +47,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "problems")
     p.add_argument("--max-target-tokens", type=int, default=160, help="utility: held-out gold "
                    "solutions are cut to this many tokens")
-    p.add_argument("--eta", type=float, default=1e-4, help="utility: SGD step size of the "
-                   "first-order check (SmolLM2-135M: at 1e-3 the second-order term, about "
+    p.add_argument("--eta", type=float, default=1e-4, help="utility: size of the plain "
+                   "gradient step (a) (SmolLM2-135M: at 1e-3 the second-order term, about "
                    "-3e-3 nats, swamps the first-order one, about 6e-4; at 1e-4 r = 0.96)")
+    p.add_argument("--dir-length", type=float, default=None, help="utility: length of the "
+                   "normalised direction step (b) (default: eta x the median gradient norm of "
+                   "the pool's first 8 candidates)")
     p.add_argument("--lr", type=float, default=None, help="utility: learning rate of the "
-                   "optimizer step (default: the config's learner.lr)")
+                   "fresh AdamW step (default: the config's learner.lr; the checkpoint's own "
+                   "AdamW step uses the checkpoint's)")
+    p.add_argument("--checkpoint", default=None, help="utility: a run's checkpoint folder (or "
+                   "run folder: its latest): measure at its weights, and step (c) continues its "
+                   "AdamW moment state")
+    p.add_argument("--ref-split", type=int, default=8, help="utility: g_ref from the "
+                   "reference file's first N items (the run's reference.max_items), the "
+                   "reference endpoint on the next N")
+    p.add_argument("--pool-from", default=None, help="utility: measure this pool.jsonl "
+                   "(another experiment's) instead of collecting one")
+    p.add_argument("--pool-name", default=None, help="utility: the pool's name in the rows "
+                   "(default: the --out folder's name); a stratum of the analysis")
+    p.add_argument("--also", nargs="*", default=[], metavar="DIR", help="utility: other "
+                   "experiment folders whose candidates.jsonl join the analysis (independent "
+                   "pools; each is its own stratum)")
 
 
 def run_utility(args: argparse.Namespace) -> int:
@@ -70,13 +84,19 @@ def run_utility(args: argparse.Namespace) -> int:
         raise ConfigError(f"--data-dir: the held-out math set needs {data or 'DIR'}"
                           "/math_solutions.jsonl (MATH problems with worked solutions)")
     t0 = time.time()
-    pool = collect_pool(cfg, out / POOL_FILE, args.candidates, args.max_steps)
+    args.pool_name = args.pool_name or out.name
+    if args.pool_from:
+        pool = [json.loads(x) for x in Path(args.pool_from).read_text().splitlines() if x.strip()]
+    else:
+        pool = collect_pool(cfg, out / POOL_FILE, args.candidates, args.max_steps)
     if len(pool) < 3:
         log.error("only %d eligible candidates after %d steps: nothing to rank", len(pool),
                   args.max_steps)
         return 1
-    measure(cfg, pool[:args.candidates], data, out, args)
-    summary = summarize(out, base, args, time.time() - t0)
+    from compassplay.run.utility_measure import measure
+
+    measure(cfg, pool[:args.candidates], data, out, args, out / ROWS_FILE)
+    summary = summarize([out, *map(Path, args.also)], out, base, args, time.time() - t0)
     from compassplay.run.utility_report import write_report
 
     report = write_report(out, summary)
@@ -142,102 +162,23 @@ def heldout_math(tok, data: Path, reference_prompts: list[str], n: int, max_targ
             for r in rows]
 
 
-def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
-            args: argparse.Namespace) -> None:
-    """Scores and utilities of every pool candidate not yet in candidates.jsonl."""
-    from compassplay.models.bootstrap import load_policy
-    from compassplay.rewards.batch import Example
-    from compassplay.rewards.fixed_set_loss import FixedSetLoss
-    from compassplay.rewards.functions import token_jaccard
-    from compassplay.rewards.gradient import GradientScorer
-    from compassplay.rewards.reference_set import load_reference
-    from compassplay.rewards.utility import (
-        StepDrops,
-        first_order_drop,
-        loss_gradient,
-        optimizer_step_drops,
-    )
-    from compassplay.step.prompting import reference_examples
-    from compassplay.workers.builders import freeze_except, scorer_params
-
-    rows_path = out / ROWS_FILE
-    done = {json.loads(x)["task_id"] for x in rows_path.read_text().splitlines() if x.strip()} \
-        if rows_path.is_file() else set()
-    todo = [c for c in pool if c["task_id"] not in done]
-    if not todo:
-        return
-    model, tok = load_policy(cfg)
-    model = model.float()
-    # as in a run: the learner steps `learner.trainable`, the cosine is over `scorer.params`
-    freeze_except(model, cfg.learner.trainable, "learner.trainable")
-    pad = tok.pad_token_id
-    items = load_reference(cfg.reference.path, cfg.reference.max_items)
-    reference = reference_examples(tok, items)
-    heldout = heldout_math(tok, data, [it.prompt for it in items], args.heldout_items,
-                           args.max_target_tokens, cfg.run.seed)
-    examples = [Example(c["prompt_ids"], c["target_ids"]) for c in todo]
-    scorer = GradientScorer(model, params=scorer_params(cfg.scorer.params, model), pad_id=pad,
-                            max_batch_tokens=cfg.scorer.max_batch_tokens,
-                            cpu_pass_tokens=cfg.scorer.cpu_pass_tokens)
-    scorer.set_reference(reference)
-    part = scorer.partials(examples)
-    ref_sq = float(scorer.reference.sq)
-    heldout_loss, reference_loss = FixedSetLoss(model, heldout, pad), \
-        FixedSetLoss(model, reference, pad)
-    before = StepDrops(heldout_loss(model), reference_loss(model))
-    g_ref = loss_gradient(model, reference, pad)
-    lr = args.lr or cfg.learner.lr
-    rng = random.Random(cfg.run.seed)
-    log.info("measuring %d candidates (held-out loss %.4f, reference loss %.4f nats/token; "
-             "%d frozen layers cached)", len(todo), before.heldout, before.reference,
-             heldout_loss.prefix_layers)
-    for i, (c, ex) in enumerate(zip(todo, examples, strict=True)):
-        t = time.time()
-        inner, sq = float(part.inner[i]), float(part.sq[i])
-        cos = inner / math.sqrt(sq * ref_sq) if sq > 0 and ref_sq > 0 else 0.0
-        nov = 1.0 - token_jaccard(c.get("novelty_tokens", []), c.get("seed_tokens", []))
-        grad = loss_gradient(model, [ex], pad)
-        drops = optimizer_step_drops(model, grad, heldout_loss, reference_loss, before, lr=lr,
-                                     max_grad_norm=cfg.learner.max_grad_norm)
-        realized, predicted = first_order_drop(model, grad, reference_loss, before.reference,
-                                               g_ref, eta=args.eta)
-        row = {"task_id": c["task_id"], "task_type": c["task_type"], "step": c["step"],
-               "solve_rate": c["solve_rate"], "score_cos": cos, "score_inner": inner,
-               "score_difficulty": 1.0 - c["solve_rate"], "score_novelty": nov,
-               "score_cos_novelty": cos * nov, "score_random": rng.random(),
-               "utility": drops.heldout, "utility_ref": drops.reference,
-               "sgd_drop_ref": realized, "sgd_predicted_ref": predicted,
-               "grad_norm": math.sqrt(sq), "target_tokens": len(c["target_ids"]),
-               "heldout_loss_before": before.heldout, "reference_loss_before": before.reference,
-               "lr": lr, "eta": args.eta, "task": c["task"],
-               "solution": tok.decode(c["target_ids"], skip_special_tokens=True)}
-        with rows_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-        log.info("[%d/%d] %s cos=%+.4f utility=%+.5f ref=%+.5f (%.1f s)", i + 1, len(todo),
-                 c["task_id"], cos, drops.heldout, drops.reference, time.time() - t)
+def read_rows(dirs: list[Path]) -> list[dict]:
+    """The measured rows of experiment folders (each row names its pool)."""
+    rows = []
+    for d in dirs:
+        path = d / ROWS_FILE
+        if not path.is_file():
+            raise ConfigError(f"--also: {path} not found")
+        rows += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return rows
 
 
-def summarize(out: Path, base: str, args: argparse.Namespace, wall_s: float) -> dict:
-    """summary.json from candidates.jsonl."""
-    from compassplay.eval.rank_stats import detectable_rho, line_fit, rank_correlation, top_k_mean
+def summarize(dirs: list[Path], out: Path, base: str, args: argparse.Namespace,
+              wall_s: float) -> dict:
+    """DIR/summary.json from the candidates.jsonl of `dirs` (see `utility_analysis`)."""
+    from compassplay.run.utility_analysis import analyse
 
-    rows = [json.loads(x) for x in (out / ROWS_FILE).read_text().splitlines() if x.strip()]
-    n = len(rows)
-    k = max(3, n // 10)
-    summary: dict = {"n": n, "config": base, "overrides": list(args.overrides),
-                     "detectable_rho": detectable_rho(n), "top_k": k, "wall_s": wall_s,
-                     "spearman": {}, "spearman_ref": {}, "top_k_utility": {},
-                     "top_k_utility_ref": {}}
-    for target, key in (("utility", "spearman"), ("utility_ref", "spearman_ref")):
-        u = [r[target] for r in rows]
-        summary[f"mean_{target}"] = sum(u) / n
-        for s in SCORES:
-            x = [r[f"score_{s}"] for r in rows]
-            summary[key][s] = rank_correlation(x, u).as_dict()
-            summary[f"top_k_{target}"][s] = top_k_mean(x, u, k)
-    pred = [r["sgd_predicted_ref"] for r in rows]
-    real = [r["sgd_drop_ref"] for r in rows]
-    summary["first_order"] = {**line_fit(pred, real), "eta": rows[0]["eta"] if rows else None,
-                              "spearman": rank_correlation(pred, real).as_dict()}
+    summary = {"config": base, "overrides": list(args.overrides), "wall_s": wall_s,
+               "dirs": [str(d) for d in dirs], **analyse(read_rows(dirs))}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary

@@ -1,6 +1,7 @@
-"""Realized utility: the weights come back bit for bit, the optimizer step equals a plain AdamW
-step on a copy (oracle), and the first-order prediction eta * <g, g_ref> matches the realized
-drop of the reference loss for a small eta, with the inner product the scorer computes."""
+"""Realized utility: the weights come back bit for bit, the AdamW step equals a real AdamW step
+(fresh, and continuing a saved state), the plain and direction steps have their lengths, and
+the first-order prediction -<delta, g_ref> matches the realized drop for a small step, with the
+inner product the scorer computes."""
 
 import copy
 
@@ -11,11 +12,15 @@ from compassplay.rewards.batch import Example, mean_example_loss
 from compassplay.rewards.fixed_set_loss import FixedSetLoss, frozen_prefix_layers
 from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.soar import mean_loss
+from compassplay.rewards.preconditioner import metric_cosine
 from compassplay.rewards.utility import (
-    StepDrops,
-    first_order_drop,
+    adamw_delta,
+    direction_delta,
+    grad_norm,
     loss_gradient,
-    optimizer_step_drops,
+    predicted_drop,
+    sgd_delta,
+    step_drops,
 )
 from tests.tiny_models import tiny_causal_lm
 
@@ -26,13 +31,14 @@ def _examples(seed: int, n: int) -> list[Example]:
                     torch.randint(0, 256, (4 + i % 4,), generator=g).tolist()) for i in range(n)]
 
 
-def test_optimizer_step_equals_adamw_on_a_copy_and_restores_the_weights():
+def test_fresh_adamw_step_equals_adamw_on_a_copy_and_restores_the_weights():
     model = tiny_causal_lm(seed=1)
     cand, held, ref = _examples(0, 1)[0], _examples(1, 5), _examples(2, 4)
-    before = StepDrops(mean_example_loss(model, held), mean_example_loss(model, ref))
+    losses = {"held": FixedSetLoss(model, held), "ref": FixedSetLoss(model, ref)}
+    before = {"held": mean_example_loss(model, held), "ref": mean_example_loss(model, ref)}
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
-    got = optimizer_step_drops(model, loss_gradient(model, [cand]), FixedSetLoss(model, held),
-                               FixedSetLoss(model, ref), before, lr=1e-3, max_grad_norm=1.0)
+    delta = adamw_delta(model, loss_gradient(model, [cand]), None, lr=1e-3, max_grad_norm=1.0)
+    got = step_drops(model, delta, losses, before)
     for n, p in model.named_parameters():
         assert torch.equal(p, start[n]), n
     oracle = copy.deepcopy(model)
@@ -40,11 +46,57 @@ def test_optimizer_step_equals_adamw_on_a_copy_and_restores_the_weights():
     torch.nn.utils.clip_grad_norm_(oracle.parameters(), 1.0)
     torch.optim.AdamW(oracle.parameters(), lr=1e-3, weight_decay=0.0).step()
     with torch.no_grad():
-        want_h = before.heldout - float(mean_loss(oracle, held))
-        want_r = before.reference - float(mean_loss(oracle, ref))
-    assert got.heldout == pytest.approx(want_h, abs=1e-6)
-    assert got.reference == pytest.approx(want_r, abs=1e-6)
-    assert abs(got.reference) > 1e-5  # the step changed something
+        want_h = before["held"] - float(mean_loss(oracle, held))
+        want_r = before["ref"] - float(mean_loss(oracle, ref))
+    assert got["held"] == pytest.approx(want_h, abs=1e-6)
+    assert got["ref"] == pytest.approx(want_r, abs=1e-6)
+    assert abs(got["ref"]) > 1e-5  # the step changed something
+
+
+def test_adamw_step_continues_a_saved_optimizer_state_exactly():
+    """adamw_delta with a state_dict saved after two real steps equals the third step of that
+    optimizer (its moments, step count and learning rate), not a fresh one's."""
+    model = tiny_causal_lm(seed=6)
+    for name, p in model.named_parameters():
+        p.requires_grad_("layers.1." in name or "norm" in name)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=3e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    for k in range(2):
+        opt.zero_grad()
+        mean_loss(model, _examples(10 + k, 3)).backward()
+        opt.step()
+    opt.zero_grad()
+    state = copy.deepcopy(opt.state_dict())
+    cand = _examples(20, 2)
+    grad = loss_gradient(model, cand)
+    delta = adamw_delta(model, grad, state, lr=1.0, max_grad_norm=1e9)  # lr from the state
+    fresh = adamw_delta(model, grad, None, lr=3e-3, max_grad_norm=1e9)
+    start = [p.detach().clone() for p in params]
+    for p, g in zip(params, grad, strict=True):
+        p.grad = g.clone()
+    opt.step()
+    for d, f, p, s in zip(delta, fresh, params, start, strict=True):
+        assert torch.allclose(d, p.detach() - s, atol=1e-9, rtol=1e-5)
+    assert max(float((d - f).abs().max()) for d, f in zip(delta, fresh, strict=True)) > 1e-4
+
+
+def test_direction_and_sgd_steps_have_their_lengths_and_first_order_drops():
+    model = tiny_causal_lm(seed=7)
+    cand, ref = _examples(30, 1)[0], _examples(31, 5)
+    grad, g_ref = loss_gradient(model, [cand]), loss_gradient(model, ref)
+    loss = {"ref": FixedSetLoss(model, ref)}
+    before = {"ref": mean_example_loss(model, ref)}
+    d = direction_delta(grad, 1e-3)
+    assert grad_norm(d) == pytest.approx(1e-3, rel=1e-6)
+    s = sgd_delta(grad, 1e-4)
+    assert grad_norm(s) == pytest.approx(1e-4 * grad_norm(grad), rel=1e-6)
+    for delta in (d, s):
+        pred = predicted_drop(delta, g_ref)
+        assert step_drops(model, delta, loss, before)["ref"] == pytest.approx(pred, rel=0.05)
+    # the direction step's prediction is length x ||g_ref|| x cos(g, g_ref)
+    cos = metric_cosine(grad, g_ref, None)
+    assert predicted_drop(d, g_ref) == pytest.approx(1e-3 * grad_norm(g_ref) * cos, rel=1e-6)
+    assert all(float(t.abs().sum()) == 0 for t in direction_delta([torch.zeros(3)], 1.0))
 
 
 def test_first_order_prediction_matches_the_realized_drop_for_small_eta():
@@ -52,17 +104,19 @@ def test_first_order_prediction_matches_the_realized_drop_for_small_eta():
     wrong inner product, sign or scale) leaves an O(eta) error instead."""
     model = tiny_causal_lm(seed=2)
     cands, ref = _examples(3, 4), _examples(4, 6)
-    r0 = mean_example_loss(model, ref)
+    before = {"ref": mean_example_loss(model, ref)}
     scorer = GradientScorer(model, params="all")
     scorer.set_reference(ref)
     inner = scorer.partials(cands).inner
-    g_ref, ref_loss = loss_gradient(model, ref), FixedSetLoss(model, ref)
+    g_ref, loss = loss_gradient(model, ref), {"ref": FixedSetLoss(model, ref)}
     for i, cand in enumerate(cands):
         grad = loss_gradient(model, [cand])
-        small_real, small_pred = first_order_drop(model, grad, ref_loss, r0, g_ref, eta=1e-3)
+        small, big = sgd_delta(grad, 1e-3), sgd_delta(grad, 1e-2)
+        small_pred, big_pred = predicted_drop(small, g_ref), predicted_drop(big, g_ref)
         assert small_pred == pytest.approx(1e-3 * float(inner[i]), rel=1e-4)
+        small_real = step_drops(model, small, loss, before)["ref"]
+        big_real = step_drops(model, big, loss, before)["ref"]
         assert small_real == pytest.approx(small_pred, rel=0.06)  # measured 1-5%
-        big_real, big_pred = first_order_drop(model, grad, ref_loss, r0, g_ref, eta=1e-2)
         # 10x the step: the remainder grows ~100x (measured 51-134x); linear error: 10x
         assert abs(big_real - big_pred) > 25 * abs(small_real - small_pred)
 
