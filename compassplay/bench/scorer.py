@@ -31,6 +31,12 @@ the same (upcast) weights on `--fp32-check` candidates (`cos_err_vs_fp32`).
 `--solutions K`: each candidate has K verified solutions of its prompt (the first as above, the
 others of 7/8..1 times its target length), scored as the mean of their losses; the floor is
 then one training step on all of their rows.
+`--params`: the scored parameters as `scorer.params` spells them ('all', 'last:K' = the last K
+blocks and the final norm, comma-separated globs; the naive loop takes the same ones, the floor
+all of them). `--metric`: also time the preconditioned cosine (`GradientScorer.set_metric`, a
+random AdamW-like metric: `adamw_metric` of exp_avg_sq = 1e-8 exp(2 randn), step 10) in the
+same rotation: `metric_s`, `metric_ratio` (metric / plain batched seconds), and its cosine
+error against the naive loop in the same metric on `--fp32-check` candidates.
 """
 
 from __future__ import annotations
@@ -59,7 +65,9 @@ from compassplay.rewards.batch import (
 )
 from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.oracle import naive_partials
+from compassplay.rewards.preconditioner import adamw_metric
 from compassplay.rewards.subspace import last_blocks_globs
+from compassplay.workers.builders import scorer_params
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +115,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--proj-dims", type=int, nargs="*", default=[1024, 8192])
     parser.add_argument("--last-k", type=int, nargs="*", default=[1, 2])
     parser.add_argument("--no-subspaces", action="store_true")
+    parser.add_argument("--params", default="all",
+                        help="scored parameters as scorer.params: all, last:K, globs")
+    parser.add_argument("--metric", action="store_true",
+                        help="also time the preconditioned cosine (random AdamW-like metric)")
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
 
 
@@ -217,7 +229,8 @@ def run(args: argparse.Namespace) -> dict:
     model, cands, ref = _setup(args)
     dev = next(model.parameters()).device
     reps = args.reps or (5 if args.shape == "toy" else 2)
-    scorer = GradientScorer(model, "all", max_batch_tokens=args.max_batch_tokens,
+    spec = scorer_params(args.params, model)
+    scorer = GradientScorer(model, spec, max_batch_tokens=args.max_batch_tokens,
                             cpu_pass_tokens=args.cpu_pass_tokens)
     pass_tokens = scorer.pass_tokens
     scorer.set_reference(ref)
@@ -232,6 +245,13 @@ def run(args: argparse.Namespace) -> dict:
 
     fns = {"naive": naive, "batched": batched,
            "floor": lambda: floor_step(model, cands, pass_tokens)}
+    msc = None
+    if args.metric:
+        msc = GradientScorer(model, spec, max_batch_tokens=args.max_batch_tokens,
+                             cpu_pass_tokens=args.cpu_pass_tokens)
+        msc.set_metric(adamw_like_metric(msc.params, args.seed))
+        msc.set_reference(ref)
+        fns["metric"] = lambda: [s.cosine for s in msc.score(cands)]
     memory = args.memory or ("profiler" if args.shape == "toy" else "rss")
     if dev.type == "cuda" and memory == "rss":
         memory = "profiler"  # i.e. the CUDA allocator's peak, in the warm-up round
@@ -249,13 +269,15 @@ def run(args: argparse.Namespace) -> dict:
         naive_partials(model, scorer.params, rs.grads, few)
         scorer.score(few)
         floor_step(model, few, pass_tokens)
+        if msc is not None:
+            msc.score(few)
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}
     prof: dict = {}
     keys = list(fns)
     for r in range(reps):
-        for k in keys[r % 3:] + keys[: r % 3]:
+        for k in keys[r % len(keys):] + keys[: r % len(keys)]:
             profiled = args.profile and k == "batched" and r == reps - 1
             sync(dev)
             base = reset_peak_rss() if memory == "rss" else 0
@@ -314,6 +336,21 @@ def run(args: argparse.Namespace) -> dict:
         "layer_paths": _path_summary(scorer.layer_paths),
         "cost_model": scorer.cost_report(),
     }
+    if msc is not None:
+        k = min(max(args.fp32_check, 1), len(cands))
+        mref = {n: g * msc.metric[n] for n, g in msc.reference.grads.items()}
+        inner, sq, _ = naive_partials(model, msc.params, mref, cands[:k], metric=msc.metric)
+        exact = (inner / (sq.sqrt() * msc.reference.sq**0.5)).tolist()
+        out.update({
+            "params_spec": args.params,
+            "scored_params": sum(p.numel() for p in scorer.params.values()),
+            "metric_s": round(med["metric"], 4),
+            "metric_ratio": round(med["metric"] / med["batched"], 4),
+            "metric_cpu_ratio": round(cmed["metric"] / cmed["batched"], 4),
+            "metric_cos_err_vs_naive": max(abs(a - b) for a, b in zip(
+                last["metric"][:k], exact, strict=True)),
+            "metric_layer_paths": _path_summary(msc.layer_paths),
+            "peak_mem_metric_mb": mem.get("metric")})
     if args.profile:
         out["profile"] = prof
     if not args.no_subspaces:
@@ -323,6 +360,15 @@ def run(args: argparse.Namespace) -> dict:
         del scorer, rs, fns
         out.update(fp32_errors(model, ref, cands[:k], full[:k], last["naive"][:k]))
     return out
+
+
+def adamw_like_metric(params: dict[str, torch.nn.Parameter],
+                      seed: int = 0) -> dict[str, torch.Tensor]:
+    """A random metric shaped like AdamW's: `adamw_metric` of exp_avg_sq = 1e-8 exp(2 randn)
+    (gradient RMS spread over about two decades per direction) after 10 steps."""
+    g = torch.Generator().manual_seed(seed + 7)
+    return {n: adamw_metric(1e-8 * torch.exp(2.0 * torch.randn(p.shape, generator=g)), 10)
+            .to(p.device) for n, p in params.items()}
 
 
 def fp32_errors(model: torch.nn.Module, ref: list[Example], cands: list[CandidateExamples],

@@ -88,6 +88,29 @@ class RunConfig(Section):
         return data
 
     @model_validator(mode="after")
+    def _precond_cosine_fits(self) -> RunConfig:
+        """reward.kind=precond_cosine scores in the metric of the learner's AdamW state, which
+        travels with the weights to the scorers (checked again on the model: scorer.params
+        must be trainable, `LearnerWorker`)."""
+        if self.reward.kind != "precond_cosine":
+            return self
+        if self.learner.backend != "torch":
+            raise ValueError("reward.kind=precond_cosine needs learner.backend=torch: it reads "
+                             "the optimizer's exp_avg_sq per parameter, which DeepSpeed's ZeRO "
+                             "partitions over ranks and flat buffers (not read here)")
+        if self.scorer.params.strip().startswith("proj:"):
+            raise ValueError("reward.kind=precond_cosine scores exactly: scorer.params must be "
+                             "'all', 'last:K' or name globs, not a projection")
+        if self.reward.reference != "global":
+            raise ValueError("reward.kind=precond_cosine needs reward.reference=global (the "
+                             "local-reference partials take no metric)")
+        if self.learner.weight_sync == "nccl":
+            raise ValueError("reward.kind=precond_cosine: the metric travels with the scorers' "
+                             "weights snapshot; learner.weight_sync=nccl broadcasts weights "
+                             "only (use object_store or ipc)")
+        return self
+
+    @model_validator(mode="after")
     def _weight_sync_fits_engines(self) -> RunConfig:
         vllm = [r for r in ("proposer", "solver") if getattr(self, r).engine == "vllm"]
         if self.learner.weight_sync == "ipc":

@@ -159,11 +159,18 @@ class RewardSection(Section):
                              f"reward.normalize=gated_rank, got {self.copy_reward}")
         return self
 
-    kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar"] = Field(
+    kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar",
+                  "precond_cosine"] = Field(
         "difficulty", description="proposer reward: difficulty = AZR learnability 1 - s for "
         "0 < s < 1; cosine / inner = cosine / eta x inner product of the task's solution "
         "gradient with the reference gradient; novelty = token-Jaccard distance to its seed; "
-        "cos_novelty = cosine x novelty; soar = held-out gain of a solver copy trained on it")
+        "cos_novelty = cosine x novelty; soar = held-out gain of a solver copy trained on it; "
+        "precond_cosine = the cosine in the metric of the learner's AdamW step, "
+        "<g, M g_ref> / sqrt(<g, M g> <g_ref, M g_ref>) with M = 1 / (sqrt(v_hat) + eps) from "
+        "the learner's optimizer state at the scored weights (ones before the first update: "
+        "the plain cosine; rewards/preconditioner.py). It needs learner.backend=torch, "
+        "scorer.params within learner.trainable and not a projection, reference=global and "
+        "learner.weight_sync object_store or ipc")
     eta: float = Field(1.0, gt=0.0, description="step size multiplying the inner product")
     format_penalty: float = Field(-1.0, le=0.0, description="reward of a proposal that does "
                                   "not parse (no well-formed task in it); AZR's code: -1")

@@ -119,6 +119,16 @@ class Slot(ABC):
     def load(self, path: Path, weights_dir: Path) -> None:
         """Inverse of `save(path, weights_dir)`."""
 
+    def preconditioner(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Per parameter name (trainable parameters of `module`), the metric of this model's
+        next AdamW step, M = 1 / (sqrt(v_hat) + eps) (`rewards.preconditioner.adamw_metric`,
+        CPU float32, the parameter's shape); ones for a parameter the optimizer has not
+        stepped yet (the plain metric). Backends that cannot read their optimizer state
+        raise NotImplementedError."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read its optimizer's "
+                                  "second moments (reward.kind=precond_cosine needs "
+                                  "learner.backend=torch)")
+
 
 class Learner(ABC):
     """What the pipeline calls."""
@@ -133,6 +143,11 @@ class Learner(ABC):
     @property
     @abstractmethod
     def weight_version(self) -> int: ...
+
+    def preconditioner(self, names: list[str], role: Role = "solver") -> dict[str, torch.Tensor]:
+        """The AdamW metric {name: M} (CPU float32) of the model that plays `role`, for the
+        parameter `names` (`Slot.preconditioner`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no optimizer metric")
 
     @abstractmethod
     def save(self, path: str | Path, model_dir: str | Path | None = None) -> None: ...
@@ -163,6 +178,9 @@ class PolicyLearner(Learner):
 
     def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
         return self.slots[self.slot_for(role)].full_state_dict()
+
+    def preconditioner(self, names: list[str], role: Role = "solver") -> dict[str, torch.Tensor]:
+        return self.slots[self.slot_for(role)].preconditioner(names)
 
     def step(self, trajectories: list[Trajectory]) -> LearnerStats:
         """One update on `trajectories`. None (a step where solver.train_on=selected chose no

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from compassplay.engines.learner import Slot, lr_lambda
+from compassplay.rewards.preconditioner import adamw_metric
 
 
 def make_adamw(params, lr: float) -> torch.optim.AdamW:
@@ -68,6 +69,25 @@ class TorchSlot(Slot):
 
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
+
+    def preconditioner(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """`adamw_metric` of each named parameter's AdamW state (its group's beta2 and eps;
+        ones before its first step), CPU float32. A name that is not a trainable parameter
+        of the model is a ValueError."""
+        params = dict(self.module.named_parameters())
+        group_of = {id(p): g for g in self.optimizer.param_groups for p in g["params"]}
+        out = {}
+        for n in names:
+            p = params.get(n)
+            if p is None or id(p) not in group_of:
+                raise ValueError(f"{n!r} is not a parameter this learner trains")
+            st, group = self.optimizer.state.get(p, {}), group_of[id(p)]
+            if "exp_avg_sq" not in st:
+                out[n] = torch.ones(p.shape, dtype=torch.float32)
+                continue
+            out[n] = adamw_metric(st["exp_avg_sq"], int(st["step"]), float(group["betas"][1]),
+                                  float(group["eps"])).cpu()
+        return out
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}

@@ -97,6 +97,9 @@ class LocalExecutor:
             if copy:
                 state = {k: v.detach().clone() for k, v in state.items()}
             out[role] = (version, [state])
+        if self.cfg.reward.kind == "precond_cosine":  # the weights plus the optimizer metric
+            version, state = self.learner.snapshot("scorer")
+            out["scorer"] = (version, [state])
         return out
 
     def run(self, progress: Callable[[StepStats], None] | None = None) -> list[StepStats]:

@@ -149,6 +149,9 @@ class Pipeline:
                 continue
             version, state = learner.snapshot.options(num_returns=2).remote(role)
             out[role] = (version, [state])
+        if self.cfg.reward.kind == "precond_cosine":  # the weights plus the optimizer metric
+            version, state = learner.snapshot.options(num_returns=2).remote("scorer")
+            out["scorer"] = (version, [state])
         return out
 
     def _settle_sync(self, log_every_s: float = 60.0) -> None:

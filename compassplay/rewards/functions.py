@@ -1,7 +1,9 @@
 """Proposer rewards as pure functions: plain floats and token lists in, floats out.
 
 Nothing here touches a model. `solve_rate` is the solver's empirical success rate on a task in
-[0, 1]; `cosine` / `inner` come from `GradientScorer.score` (an `AlignmentScore`).
+[0, 1]; `cosine` / `inner` come from `GradientScorer.score` (an `AlignmentScore`). Kind
+`precond_cosine` is the cosine too, but the scorer computed it in the metric of the learner's
+AdamW optimizer (`GradientScorer.set_metric`, `preconditioner.py`): here it is the same value.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import re
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Literal
 
-RewardKind = Literal["difficulty", "cosine", "inner", "cos_novelty", "novelty"]
-REWARD_KINDS: tuple[str, ...] = ("difficulty", "cosine", "inner", "cos_novelty", "novelty")
+RewardKind = Literal["difficulty", "cosine", "inner", "cos_novelty", "novelty",
+                     "precond_cosine"]
+REWARD_KINDS: tuple[str, ...] = ("difficulty", "cosine", "inner", "cos_novelty", "novelty",
+                                 "precond_cosine")
 
 #: Default regex tokenizer: runs of word characters, or single non-space punctuation characters.
 DEFAULT_TOKEN_PATTERN = r"\w+|[^\w\s]"
@@ -150,6 +154,7 @@ def proposer_reward(
 
     `eligible` defaults to `is_eligible(solve_rate)`. `difficulty` ignores eligibility and gives
     `ineligible_reward` outside 0 < s < 1; the other kinds give it to ineligible tasks.
+    `precond_cosine` takes `cosine` as given: the caller computed it in the optimizer's metric.
     """
     pen = format_penalty(well_formed, penalty)
     if pen is not None:
@@ -166,7 +171,7 @@ def proposer_reward(
     if kind == "inner":
         return inner_reward(_need(inner, "inner", kind), eta)
     cos = cosine_reward(_need(cosine, "cosine", kind))
-    if kind == "cosine":
+    if kind in ("cosine", "precond_cosine"):
         return cos
     return cos_novelty_reward(cos, _need(novelty_value, "novelty_value", kind))
 

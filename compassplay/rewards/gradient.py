@@ -15,6 +15,13 @@ hooks see the cross terms of their summed gradient; a candidate whose rows excee
 solution's activations at a time plus gradient buffers of the scored parameters' size). Per-layer math
 is float32 and sums are float64. The model's weights, `.grad` fields, requires_grad flags and
 train/eval modes are left exactly as they were.
+
+Preconditioned cosine (`set_metric`): with a positive diagonal metric M (the learner's AdamW
+preconditioner, `preconditioner.adamw_metric`) every inner product and norm is taken in M:
+cosine = cos_M(g, g_ref) = <g, M g_ref> / sqrt(<g, M g> <g_ref, M g_ref>). The per-layer
+handlers get M g_ref as the reference (their inner products unchanged) and weight their
+squared norms by M; Linear weights then take the materialized path (the ghost Gram formula
+cannot weight by M). Exact mode only (no projection).
 """
 
 from __future__ import annotations
@@ -44,18 +51,25 @@ from .per_sample import PerSampleEngine
 from .reductions import rowsum
 from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
 
-__all__ = ["AlignmentScore", "Example", "GradientScorer", "ProjectionSpec", "StaleReferenceError"]
+__all__ = ["AlignmentScore", "Example", "GradientScorer", "ProjectionSpec", "StaleMetricError",
+           "StaleReferenceError"]
 
 
 class StaleReferenceError(RuntimeError):
     """The reference gradient was computed at other weights than the scorer's current ones."""
 
 
+class StaleMetricError(RuntimeError):
+    """The metric was set at other weights than the scorer's current ones."""
+
+
 @dataclass(frozen=True)
 class AlignmentScore:
     """cosine: cos(g(x), g_ref) in [-1, 1] (0.0 if either gradient is zero); inner:
     <g(x), g_ref>; grad_norm: ||g(x)||; gradients of losses in nats w.r.t. the selected
-    parameters, all in the projected space when the scorer projects."""
+    parameters, all in the projected space when the scorer projects. Under a metric M
+    (`GradientScorer.set_metric`): cosine = cos_M(g, g_ref), inner = <g, M g_ref> and
+    grad_norm = sqrt(<g, M g>) (M's units: 1/|gradient| for AdamW's)."""
 
     cosine: float
     inner: float
@@ -64,13 +78,15 @@ class AlignmentScore:
 
 @dataclass
 class Reference:
-    """g_ref per parameter (float32, detached), its squared norm, and its weight version."""
+    """g_ref per parameter (float32, detached), its squared norm (`<g_ref, M g_ref>` under a
+    metric), its weight version, and whether a metric was in force (`metric`)."""
 
     grads: dict[str, torch.Tensor]
     sq: float
     proj: torch.Tensor | None
     weight_version: int
     n_examples: int
+    metric: bool = False
 
 
 @dataclass
@@ -112,6 +128,9 @@ class GradientScorer:
         self.weight_version = int(weight_version)
         self.pad_id = pad_id
         self.reference: Reference | None = None
+        self.metric: dict[str, torch.Tensor] | None = None
+        self.metric_version: int | None = None
+        self._dot_ref: dict[str, torch.Tensor] = {}  # g_ref, or M g_ref under a metric
         self.oversize = 0  # candidates scored by the exact loop: k solutions > max_batch_tokens
 
     @property
@@ -172,15 +191,62 @@ class GradientScorer:
         self.model.load_state_dict(state_dict)
         self.weight_version = int(version)
 
+    # metric ------------------------------------------------------------------------------------
+    def set_metric(self, metric: dict[str, torch.Tensor] | None) -> None:
+        """Score in the diagonal metric M (None: the plain metric) from now on.
+
+        `metric`: per selected parameter name (`self.params`; other names are ignored, so a
+        caller may pass a larger map, e.g. every trainable parameter's), a finite positive
+        tensor of that parameter's shape, e.g. `preconditioner.adamw_metric` of the learner's
+        AdamW state at the current weights. Exact mode only: a projecting scorer raises
+        ValueError. The reference is dropped: call `set_reference` after this (g_ref itself
+        does not depend on M, its norm and the handlers' reference M g_ref do).
+
+        The metric belongs to a weight version: it is marked with the current
+        `weight_version`, and `set_reference` refuses a metric set at another version
+        (StaleMetricError). Whoever loads new weights (`load_weights`) must therefore call
+        `set_metric` again with the metric of those weights (the scorer worker does, from the
+        learner's snapshot of the same version), or `set_metric(None)` for the plain cosine."""
+        self.reference = None
+        if metric is None:
+            self.metric, self.metric_version = None, None
+            self.engine.set_metric(None)
+            return
+        if self.sketch is not None:
+            raise ValueError("a preconditioned (metric) cosine needs exact mode: this scorer "
+                             "projects its gradients (params is a projection spec)")
+        missing = [n for n in self.params if n not in metric]
+        if missing:
+            raise ValueError(f"metric has no tensor for {len(missing)} scored parameter(s), "
+                             f"e.g. {missing[:3]}")
+        out = {}
+        for n, p in self.params.items():
+            m = metric[n].detach()
+            if tuple(m.shape) != tuple(p.shape):
+                raise ValueError(f"metric[{n!r}] has shape {tuple(m.shape)}, the parameter "
+                                 f"{tuple(p.shape)}")
+            m = m.to(device=p.device, dtype=torch.float32)
+            if not bool(torch.isfinite(m).all()) or not bool((m > 0).all()):
+                raise ValueError(f"metric[{n!r}] must be finite and positive everywhere")
+            out[n] = m
+        self.metric, self.metric_version = out, self.weight_version
+        self.engine.set_metric(out)
+
     # reference ---------------------------------------------------------------------------------
     def set_reference(self, ref: list[Example]) -> None:
-        """Compute and store g_ref (and its norm) at the current weights and weight_version."""
+        """Compute and store g_ref (and its norm, in the metric if one is set) at the current
+        weights and weight_version."""
         self._set_reference(ref, len(ref), None)
 
     def _set_reference(self, ref: list[Example], n_total: int,
                        reduce: Callable[[torch.Tensor], None] | None) -> None:
         if n_total == 0:
             raise ValueError("reference set is empty: set_reference needs at least one Example")
+        if self.metric is not None and self.metric_version != self.weight_version:
+            raise StaleMetricError(
+                f"the metric was set at weight version {self.metric_version} but the scorer "
+                f"is at version {self.weight_version}: call set_metric with the metric of the "
+                "current weights (or set_metric(None)) before set_reference")
         grads = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
         names, plist = list(self.params), list(self.params.values())
         with scoring_mode(self.model):
@@ -194,13 +260,19 @@ class GradientScorer:
         if reduce is not None:
             for g in grads.values():
                 reduce(g)
-        sq = float(sum(rowsum(g.double().pow(2).reshape(1, -1))[0] for g in grads.values()))
+        metric = self.metric
+        dot = grads if metric is None else {n: g * metric[n] for n, g in grads.items()}
+        sq = float(sum(rowsum((g.double().pow(2) if metric is None else g.double().pow(2)
+                               * metric[n].double()).reshape(1, -1))[0]
+                       for n, g in grads.items()))
         proj = None
         if self.sketch is not None:
             proj = sum(self.sketch.project(n, self.params[n], g.unsqueeze(0))[0].double()
                        for n, g in grads.items())
-        self.reference = Reference(grads, sq, proj, self.weight_version, n_total)
-        self.engine.set_reference(grads)
+        self.reference = Reference(grads, sq, proj, self.weight_version, n_total,
+                                   metric is not None)
+        self._dot_ref = dot
+        self.engine.set_reference(dot)
 
     def check_reference(self, allow_stale: bool = False) -> Reference:
         """The current reference; raises if unset, or stale unless `allow_stale`."""
@@ -245,15 +317,15 @@ class GradientScorer:
                 loop = sorted(self.engine.fallback | declined)
                 if loop:
                     params = {k: self.params[k] for k in loop}
-                    ref = {k: self.reference.grads[k] for k in loop}
+                    ref = {k: self._dot_ref[k] for k in loop}
                     self._put(out, idx, *naive_partials(self.model, params, ref, mine,
-                                                        self.sketch))
+                                                        self.sketch, self.metric))
                     for k in loop:
                         self.engine.paths.setdefault(k, set()).add("loop")
             if big:
-                self._put(out, big, *naive_partials(self.model, self.params,
-                                                    self.reference.grads,
-                                                    [sets[i] for i in big], self.sketch))
+                self._put(out, big, *naive_partials(self.model, self.params, self._dot_ref,
+                                                    [sets[i] for i in big], self.sketch,
+                                                    self.metric))
         return out
 
     @staticmethod

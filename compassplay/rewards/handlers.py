@@ -43,13 +43,19 @@ except Exception:  # pragma: no cover - transformers is a dependency
 class HandlerContext:
     """What every handler shares: the selected parameters, what the partials are taken against
     (`ref` per parameter name in exact mode, `sketch` in projection mode), the path policy, and
-    where paths, cost decisions and (optionally) seconds per layer kind are recorded."""
+    where paths, cost decisions and (optionally) seconds per layer kind are recorded.
+
+    `metric` (exact mode only; None: plain): a positive diagonal metric M per parameter name
+    (float32, the parameter's shape). Squared norms are then `<G, M G>`; `ref` is then M g_ref
+    (the scorer passes it so), so every inner product `<G, ref>` is `<G, M g_ref>` unchanged.
+    The ghost formula cannot weight its Gram products, so Linear weights materialize."""
 
     params: dict[str, nn.Parameter]
     sketch: CountSketch | None = None
     path: str = "auto"
     chunk_bytes: int = 64 << 20
     ref: dict[str, torch.Tensor] = field(default_factory=dict)
+    metric: dict[str, torch.Tensor] | None = None
     paths: dict[str, set[str]] = field(default_factory=dict)
     decisions: dict[str, dict] = field(default_factory=dict)
     timings: dict[str, float] | None = None
@@ -229,8 +235,11 @@ class Handler(ABC):
     def backward(self, st: PassState, saved, b: torch.Tensor) -> None:
         """Accumulate this layer's per-sample partials from its saved input and output grad."""
 
-    def add(self, st: PassState, sl: slice, name: str, grads: torch.Tensor) -> None:
-        """Add materialized per-sample grads (c, *param.shape) of parameter `name`."""
+    def add(self, st: PassState, sl: slice, name: str, grads: torch.Tensor,
+            owned: bool = False) -> None:
+        """Add materialized per-sample grads (c, *param.shape) of parameter `name`. `owned`:
+        the caller's temporary, which may be overwritten (under a metric it is squared in
+        place rather than copied)."""
         acc = st.acc_for(self.group, grads.device)
         flat = grads.reshape(grads.shape[0], -1).float()
         if st.dim is not None:
@@ -240,7 +249,13 @@ class Handler(ABC):
         # float64 across), not one `mv` / `vector_norm` per row, which measured 1e-4 / 3e-3
         # relative error over 28M terms.
         acc.inner[sl] += rowdot(flat, self.ctx.ref[name])
-        acc.sq[sl] += rowsq(flat)
+        m = None if self.ctx.metric is None else self.ctx.metric[name]
+        if m is None:
+            acc.sq[sl] += rowsq(flat)
+            return
+        # <G, M G> = <G*G, M>: one more pass over G (in place when the caller owns it)
+        sq = flat.square_() if owned and flat.data_ptr() == grads.data_ptr() else flat.square()
+        acc.sq[sl] += rowdot(sq, m)
 
 
 class LinearHandler(Handler):
@@ -272,8 +287,14 @@ class LinearHandler(Handler):
             g = b.gather(2, ids.unsqueeze(1).expand(n, b.shape[1], ids.shape[1]))
             st.tied_rows[self.group] = bmm32(g.transpose(1, 2), a)  # (N, S_e, d_in)
         cost = LinearCost(n, a.shape[1], a.shape[2], b.shape[2])
-        path = "materialize" if st.dim is not None else cost.choose(self.ctx.path)
-        self.ctx.record(self.name, path, cost.report(path))
+        # projection and metric: the ghost Gram formula gives neither, so G is materialized
+        forced = "projection" if st.dim is not None else (
+            "metric" if self.ctx.metric is not None else "")
+        path = "materialize" if forced else cost.choose(self.ctx.path)
+        report = cost.report(path)
+        if forced:
+            report["forced_by"] = forced
+        self.ctx.record(self.name, path, report)
         self.ctx.flops[self.kind] = self.ctx.flops.get(self.kind, 0) + cost.flops(path)
         if path == "ghost":
             self._ghost(st, a, b, self.ctx.ref[wname])
@@ -311,7 +332,7 @@ class LinearHandler(Handler):
             ac, bc = a[sl], b[sl]
             g = bmm32(ac.transpose(1, 2), bc) if self.transposed else bmm32(
                 bc.transpose(1, 2), ac)
-            self.add(st, sl, wname, g)
+            self.add(st, sl, wname, g, owned=True)
 
 
 class Conv1DHandler(LinearHandler):
@@ -341,20 +362,25 @@ class EmbeddingHandler(Handler):
         if st.dim is not None:
             acc.proj += self.ctx.sketch.project_rows(name, self.ctx.params[name], ids, e)
             return
-        v = self.ctx.ref[name]
+        v = self.ctx.ref[name]  # g_ref, or M g_ref under a metric
+        metric = None if self.ctx.metric is None else self.ctx.metric[name]
         acc.inner += rowsum(e * v[ids])
         key = ids + torch.arange(n, device=ids.device).unsqueeze(1) * w.num_embeddings
         uniq, inv = torch.unique(key.reshape(-1), return_inverse=True)
         rows = torch.zeros(uniq.numel(), e.shape[-1], device=e.device)
         rows.index_add_(0, inv, e.reshape(-1, e.shape[-1]))
         sq = torch.zeros(n, dtype=torch.float64, device=e.device)
-        acc.sq += sq.index_add_(0, uniq // w.num_embeddings, rowsq(rows))
+        # per (sample, row): ||row||^2, or sum_d M[row, d] row_d^2 under a metric
+        row_sq = rowsq(rows) if metric is None else rowsum(
+            rows.square_().mul_(metric[uniq % w.num_embeddings]))
+        acc.sq += sq.index_add_(0, uniq // w.num_embeddings, row_sq)
         if self.tied:
             m = st.tied_rows.pop(self.group, None)
             if m is None:  # the head's backward did not run first: be exact via the fallback
                 st.declined.add(self.group)
                 return
-            acc.sq += 2.0 * rowsum(m * e)
+            # the cross term 2 <L, M E> = 2 sum_s e_s . (M[ids_s] * L[ids_s])
+            acc.sq += 2.0 * rowsum(m * e if metric is None else m * e * metric[ids])
         self.ctx.record(self.name, "sparse-rows")
 
 

@@ -59,15 +59,20 @@ def flatten(grads: dict[str, torch.Tensor], sketch: CountSketch | None = None,
 
 def naive_partials(model: nn.Module, params: dict[str, nn.Parameter],
                    ref: dict[str, torch.Tensor], cands: list[CandidateExamples | Solutions],
-                   sketch: CountSketch | None = None) -> tuple[torch.Tensor, torch.Tensor,
-                                                              torch.Tensor | None]:
+                   sketch: CountSketch | None = None,
+                   metric: dict[str, torch.Tensor] | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Per-candidate (inner (N,), squared norm (N,), projection (N, dim) or None), float64.
 
-    Exact mode: inner and squared norm against `ref` over `params`. Projection mode: the
+    Exact mode: inner and squared norm against `ref` over `params`; with `metric` (a positive
+    tensor per parameter name) the squared norm is `sum M g^2` and the inner product is still
+    taken against `ref` as given (pass M g_ref for `<g, M g_ref>`). Projection mode: the
     projected gradients (inner/sq are then filled from the projection by the caller). A
     candidate with several solutions: one solution's forward and backward at a time, its
     weighted gradient summed into float32 buffers of the parameters' size (the activations
     held are one solution's)."""
+    if metric is not None and sketch is not None:
+        raise ValueError("naive_partials: a metric needs exact mode, not a projection")
     inner = torch.zeros(len(cands), dtype=torch.float64)
     sq = torch.zeros(len(cands), dtype=torch.float64)
     proj = None if sketch is None else torch.zeros(len(cands), sketch.dim, dtype=torch.float64)
@@ -85,7 +90,8 @@ def naive_partials(model: nn.Module, params: dict[str, nn.Parameter],
             if g is not None:
                 g64 = g.reshape(-1).double()
                 inner[i] += float(g64 @ ref[n].reshape(-1).double())
-                sq[i] += float(g64 @ g64)
+                mg = g64 if metric is None else g64 * metric[n].reshape(-1).to(g64)
+                sq[i] += float(mg @ g64)
         del grads
     return inner, sq, proj
 

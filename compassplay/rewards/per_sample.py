@@ -59,8 +59,16 @@ class PerSampleEngine:
         self._classify()
 
     def set_reference(self, grads: dict[str, torch.Tensor]) -> None:
-        """The reference gradient per parameter name (exact mode)."""
+        """What each candidate's gradient is dotted with, per parameter name (exact mode): the
+        reference gradient, or M times it under a metric (`set_metric`)."""
         self.ctx.ref = grads
+
+    def set_metric(self, metric: dict[str, torch.Tensor] | None) -> None:
+        """A positive diagonal metric per parameter name (exact mode; None: plain): squared
+        norms become `<G, M G>` and Linear weights materialize (`handlers.HandlerContext`)."""
+        if metric is not None and self.ctx.sketch is not None:
+            raise ValueError("a metric needs exact mode, not a projection")
+        self.ctx.metric = metric
 
     @property
     def paths(self) -> dict[str, set[str]]:

@@ -16,7 +16,7 @@ from typing import Any
 
 from compassplay.config import ConfigError, RunConfig
 
-GRADIENT_KINDS = ("cosine", "inner", "cos_novelty")
+GRADIENT_KINDS = ("cosine", "inner", "cos_novelty", "precond_cosine")
 
 
 def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:

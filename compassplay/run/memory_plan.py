@@ -249,7 +249,7 @@ def learner_role(cfg: RunConfig, shape: Shape, rank: int) -> RoleMemory:
 
 def scorer_role(cfg: RunConfig, shape: Shape, index: int) -> RoleMemory:
     """One scorer: weights, then for gradient rewards the float32 reference gradient of its
-    share, for SOAR (reward.kind=soar) the trained copy, its gradients and inner optimizer
+    share (precond_cosine: also the metric M and M g_ref), for SOAR (reward.kind=soar) the trained copy, its gradients and inner optimizer
     state (AdamW: 2 moments in scorer.dtype); plus one pass's activations. Other rewards
     (difficulty, novelty) run no pass: weights only."""
     sc = cfg.scorer
@@ -276,6 +276,8 @@ def scorer_role(cfg: RunConfig, shape: Shape, index: int) -> RoleMemory:
             share = -(-share // sc.num_scorers)
         parts = {"weights": weights, "reference_grad": 4 * share, "activations": act,
                  "chunks": SCORER_CHUNK_BYTES, "sync_staging": staging}
+        if cfg.reward.kind == "precond_cosine":  # float32 M and M g_ref of the share
+            parts["metric"] = 8 * share
     total = sum(v for k, v in parts.items() if k != "sync_staging")
     phases = {**dict.fromkeys(PHASES, total), "sync": total + staging}
     return RoleMemory(f"scorer-{index}", cfg.cluster.scorer.num_gpus, parts, phases, knob)

@@ -17,7 +17,9 @@ same in both. A worker method receives a `StageCall` (the step, its part of a fa
 inputs in order: a fan-out input as the list of its parts, the weights as a `WeightsOffer`.
 
 Weights: a rollout or scoring stage is offered the weights the `VersionGate` allows for the
-step, as (version, [state]). The version travels as a top-level argument (Ray resolves it, a
+step, as (version, [state]); the scorers take the "scorer" snapshot where the executor made
+one (reward.kind=precond_cosine: the solver's weights plus the learner's optimizer metric of
+the same version, `LearnerWorker.snapshot("scorer")`), else the solver's. The version travels as a top-level argument (Ray resolves it, a
 small int) and the state in a list (Ray leaves it a reference), so a worker fetches the state
 only when the version is newer than the one it holds.
 """
@@ -40,7 +42,8 @@ class Stage:
     role: Role
     inputs: tuple[str, ...] = ()
     fan_out: bool = False  # one call per worker of `role`, each on its part
-    weights_of: str = ""  # with WEIGHTS among the inputs: whose weights (proposer/solver)
+    weights_of: str = ""  # with WEIGHTS among the inputs: whose weights (proposer/solver/
+    # scorer: the solver's, with reward.kind=precond_cosine's metric; the solver's if absent)
     checkpoint_only: bool = False  # submitted only on checkpoint steps (else its output: None)
     domain: str = ""  # submitted only for this task.domain ('' = always; else output None)
 
@@ -54,7 +57,7 @@ STEP: tuple[Stage, ...] = (
     Stage("record_proofs", "proposer", ("validate", "solve", "grade"), domain="lean"),
     Stage("env_state", "proposer", ("update_buffer", "record_proofs"), checkpoint_only=True),
     Stage("candidates", "scorer", ("validate", "solve", "grade")),
-    Stage("score", "scorer", (WEIGHTS, "candidates"), fan_out=True, weights_of="solver"),
+    Stage("score", "scorer", (WEIGHTS, "candidates"), fan_out=True, weights_of="scorer"),
     Stage("learn", "learner", ("propose", "env_state", "validate", "solve", "grade", "score",
                                "record_proofs")),
 )
@@ -120,7 +123,7 @@ def submit_step(step: int, dispatch: Dispatch, weights: dict[str, Snapshot],
         sizes: list[int] = []
         for name in st.inputs:
             if name == WEIGHTS:
-                version, box = weights[st.weights_of]
+                version, box = weights.get(st.weights_of) or weights["solver"]
                 args += [version, box]
                 kinds.append("weights")
                 sizes.append(2)

@@ -44,7 +44,7 @@ from compassplay.step.prompting import (
     template_of,
 )
 
-GRADIENT_KINDS = ("cosine", "inner", "cos_novelty")
+GRADIENT_KINDS = ("cosine", "inner", "cos_novelty", "precond_cosine")
 
 
 @dataclass

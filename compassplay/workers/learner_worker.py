@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import fnmatch
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from compassplay.config import RunConfig
+from compassplay.config import ConfigError, RunConfig
 from compassplay.engines.advantages import proposer_score_share
 from compassplay.engines.dist import RankInfo, rendezvous
 from compassplay.engines.factory import make_learner
@@ -37,10 +38,11 @@ from compassplay.workers.builders import (
     freeze_except,
     make_env,
     make_reference,
+    param_globs,
     role_device,
     role_gpus,
 )
-from compassplay.workers.versioned import Weights
+from compassplay.workers.versioned import Weights, with_metric
 
 ROLE_OF = {st.name: st.role for st in STEP}
 
@@ -80,6 +82,9 @@ class LearnerWorker:
         self.ref_model = frozen_copy(self.model) if cfg.learner.kl_coef > 0 else None
         self.learner = make_learner(cfg.learner, self.model, self.ref_model,
                                     total_steps=cfg.pipeline.steps, dist=self.dist)
+        # reward.kind=precond_cosine: the scored parameters, whose metric the scorers get
+        self.metric_names = (metric_names(cfg, self.model)
+                             if cfg.reward.kind == "precond_cosine" else [])
         self.env = make_env(cfg, None)
         self.reference = make_reference(cfg, self.tok) if cfg.logging.reference_loss else None
         self.steps_done = 0
@@ -104,7 +109,14 @@ class LearnerWorker:
         return self.learner.state_dict_for_sync(role)
 
     def snapshot(self, role: str = "solver") -> tuple[int, Weights]:
-        """(the version the learner reports, its weights for `role`'s engines)."""
+        """(the version the learner reports, its weights for `role`'s engines). Role "scorer":
+        the solver's weights, plus under reward.kind=precond_cosine the optimizer's metric of
+        the scored parameters at those weights (`with_metric`), read in the same call."""
+        if role == "scorer":
+            weights = self.weights("solver")
+            if self.metric_names:
+                weights = with_metric(weights, self.learner.preconditioner(self.metric_names))
+            return self.weight_version, weights
         return self.weight_version, self.weights(role)
 
     # learner.weight_sync=nccl: the learner is rank 0 of the weight-sync group
@@ -272,6 +284,28 @@ class LearnerWorker:
                                keep_last=self.cfg.learner.keep_last, tokenizer=self.tok)
         self.recent = []
         return str(path)
+
+
+def metric_names(cfg: RunConfig, model: torch.nn.Module) -> list[str]:
+    """The parameters the scorers score (`scorer.params`, on the learner's model; tied weights
+    once, as `named_parameters` lists them), all of which the learner must train: their
+    AdamW state is the precond_cosine metric. ConfigError naming scorer.params otherwise."""
+    spec = cfg.scorer.params
+    globs = param_globs(spec, model) or ["*"]
+    if cfg.scorer.shard_mode == "param_shard" and cfg.scorer.num_scorers > 1:
+        spec, globs = "all (scorer.shard_mode=param_shard shards every parameter)", ["*"]
+    named = [(n, p) for n, p in model.named_parameters()
+             if any(fnmatch.fnmatchcase(n, g) for g in globs)]
+    if not named:
+        raise ConfigError(f"scorer.params={spec!r}: no parameter of the model matches {globs}")
+    frozen = [n for n, p in named if not p.requires_grad]
+    if frozen:
+        raise ConfigError(
+            f"reward.kind=precond_cosine: scorer.params={spec!r} selects {len(frozen)} "
+            f"parameter(s) the learner does not train (learner.trainable="
+            f"{cfg.learner.trainable!r}), e.g. {frozen[:3]}: they have no optimizer state; "
+            "make scorer.params a subset of learner.trainable")
+    return [n for n, _ in named]
 
 
 def ipc_weights(model: torch.nn.Module, lc, device: torch.device,

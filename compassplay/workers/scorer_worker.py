@@ -27,7 +27,7 @@ from compassplay.workers.builders import (
     role_gpus,
     scorer_params,
 )
-from compassplay.workers.versioned import Versioned, Weights
+from compassplay.workers.versioned import Versioned, Weights, split_metric
 
 SCORER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -71,7 +71,16 @@ class ScorerWorker(Versioned):
         self._heldout: list | None = None  # SOAR's held-out problems, built on first use
 
     def load_weights(self, weights: Weights, version: int) -> None:
-        self.scorer.load_weights(weights, version)
+        """New weights; under reward.kind=precond_cosine the learner's snapshot also holds the
+        optimizer's metric at those weights (`learner_worker.with_metric`): the scorer takes
+        it (its own parameters' slice) before the reference is recomputed at this version."""
+        state, metric = split_metric(weights)
+        self.scorer.load_weights(state, version)
+        if self.cfg.reward.kind == "precond_cosine":
+            if metric is None:
+                raise RuntimeError(f"reward.kind=precond_cosine: the weights of version "
+                                   f"{version} came without the learner's metric")
+            self.scorer.set_metric(metric)
 
     def candidates(self, call: StageCall, validated: list[Validated], attempts: AttemptBatch,
                    grades: list[GradeBatch]) -> Candidates:
@@ -136,10 +145,12 @@ class ScorerWorker(Versioned):
         """The plain autograd oracle: one backward per candidate (scorer.mode=naive)."""
         sc = self.scorer
         if self._naive_ref is None or self._naive_ref[0] != sc.weight_version:
-            self._naive_ref = (sc.weight_version,
-                               reference_grads(sc.model, sc.params, self.reference))
+            ref = reference_grads(sc.model, sc.params, self.reference)
+            if sc.metric is not None:  # precond_cosine: inner products against M g_ref
+                ref = {n: g * sc.metric[n] for n, g in ref.items()}
+            self._naive_ref = (sc.weight_version, ref)
         return Partials(*naive_partials(sc.model, sc.params, self._naive_ref[1], examples,
-                                        sc.sketch))
+                                        sc.sketch, sc.metric))
 
     def _soar(self, cands: list[Candidate]) -> tuple[dict[str, float], dict[str, float]]:
         """SOAR (reward.kind=soar) on this shard's candidate groups: per group, a copy of the

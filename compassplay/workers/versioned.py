@@ -10,6 +10,25 @@ from compassplay.sync.channel import NcclChannel, open_channel
 
 Weights = dict[str, torch.Tensor]
 
+METRIC_PREFIX = "__compassplay_metric__."
+"""Reserved key prefix of the scorer snapshot's metric entries (`with_metric`): no model
+parameter name starts with it."""
+
+
+def with_metric(weights: Weights, metric: dict[str, torch.Tensor]) -> Weights:
+    """`weights` plus each metric tensor under `METRIC_PREFIX + name` (one flat state dict:
+    the metric travels with the weights of its version)."""
+    return {**weights, **{METRIC_PREFIX + n: m for n, m in metric.items()}}
+
+
+def split_metric(state: Weights) -> tuple[Weights, dict[str, torch.Tensor] | None]:
+    """Inverse of `with_metric`: (the weights, the metric by parameter name or None)."""
+    metric = {k[len(METRIC_PREFIX):]: v for k, v in state.items()
+              if k.startswith(METRIC_PREFIX)}
+    if not metric:
+        return state, None
+    return {k: v for k, v in state.items() if not k.startswith(METRIC_PREFIX)}, metric
+
 
 class Versioned:
     """Holds a weight version; `sync` loads newer weights into every engine it owns.
