@@ -36,7 +36,11 @@ blocks and the final norm, comma-separated globs; the naive loop takes the same 
 all of them). `--metric`: also time the preconditioned cosine (`GradientScorer.set_metric`, a
 random AdamW-like metric: `adamw_metric` of exp_avg_sq = 1e-8 exp(2 randn), step 10) in the
 same rotation: `metric_s`, `metric_ratio` (metric / plain batched seconds), and its cosine
-error against the naive loop in the same metric on `--fp32-check` candidates.
+error against the naive loop in the same metric on `--fp32-check` candidates; with
+`--profile` both scorers are profiled in the last round and `metric_hooks_extra_s` is the
+hooks' extra seconds under the metric (the forward and backward are the same work), as a share
+of the plain scorer's profiled seconds in `metric_hooks_extra_share` (robust to a shared
+machine, unlike the wall-clock ratio).
 """
 
 from __future__ import annotations
@@ -274,22 +278,24 @@ def run(args: argparse.Namespace) -> dict:
     times: dict[str, list[float]] = {k: [] for k in fns}
     cpu: dict[str, list[float]] = {k: [] for k in fns}
     last: dict[str, object] = {}
-    prof: dict = {}
+    profs: dict[str, dict] = {}
     keys = list(fns)
     for r in range(reps):
         for k in keys[r % len(keys):] + keys[: r % len(keys)]:
-            profiled = args.profile and k == "batched" and r == reps - 1
+            profiled = args.profile and k in ("batched", "metric") and r == reps - 1
+            sc = msc if k == "metric" else scorer
             sync(dev)
             base = reset_peak_rss() if memory == "rss" else 0
             t0, c0 = time.perf_counter(), time.process_time()
-            with scorer.profiling() if profiled else contextlib.nullcontext({}) as p:
+            with sc.profiling() if profiled else contextlib.nullcontext({}) as p:
                 last[k] = fns[k]()
             sync(dev)
             times[k].append(time.perf_counter() - t0)
             cpu[k].append(time.process_time() - c0)
             if memory == "rss":
                 mem[k] = max(mem[k] or 0.0, round((peak_rss() - base) / 2**20, 1))
-            prof = p or prof
+            if p:
+                profs[k] = p
     med = {k: statistics.median(v) for k, v in times.items()}
     cmed = {k: statistics.median(v) for k, v in cpu.items()}
     full = last["batched"]
@@ -352,7 +358,14 @@ def run(args: argparse.Namespace) -> dict:
             "metric_layer_paths": _path_summary(msc.layer_paths),
             "peak_mem_metric_mb": mem.get("metric")})
     if args.profile:
-        out["profile"] = prof
+        out["profile"] = profs.get("batched", {})
+        if msc is not None:  # the same forward and backward: the metric's cost is in the hooks
+            out["metric_profile"] = profs.get("metric", {})
+            hp = out["profile"]["summary"]["hooks_s"]
+            hm = out["metric_profile"]["summary"]["hooks_s"]
+            out["metric_hooks_extra_s"] = round(hm - hp, 3)
+            out["metric_hooks_extra_share"] = round((hm - hp) / out["profile"]["summary"][
+                "total_s"], 4)
     if not args.no_subspaces:
         out["subspaces"] = _subspaces(model, ref, cands, full, args)
     if args.dtype != "float32" and args.fp32_check > 0:
