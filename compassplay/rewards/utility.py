@@ -29,8 +29,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from compassplay.rewards.batch import Example
-from compassplay.rewards.soar import mean_loss
+from compassplay.rewards.batch import Example, batch_losses, make_batch, plan_batches
 
 LossFn = Callable[[nn.Module], float]
 """The loss of a fixed example set at the model's current weights (`FixedSetLoss`)."""
@@ -55,15 +54,19 @@ def _trainable(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def loss_gradient(model: nn.Module, examples: list[Example],
-                  pad_id: int = 0) -> list[torch.Tensor]:
+def loss_gradient(model: nn.Module, examples: list[Example], pad_id: int = 0,
+                  max_batch_tokens: int = 2048) -> list[torch.Tensor]:
     """The gradient of the mean loss of `examples` at the current weights, one detached tensor
     per trainable parameter in `model.parameters()` order: g(x) of one candidate, or g_ref of
-    the reference set."""
+    the reference set. Accumulated over micro-batches of at most `max_batch_tokens` padded
+    tokens (a 24-solution set in one batch holds GBs of vocabulary logits)."""
     params = _trainable(model)
     for p in params:
         p.grad = None
-    mean_loss(model, examples, pad_id).backward()
+    dev = next(model.parameters()).device
+    for index in plan_batches(examples, max_batch_tokens):
+        batch = make_batch([examples[i] for i in index], index, dev, pad_id)
+        (batch_losses(model, batch).sum() / len(examples)).backward()
     out = [p.grad.detach().clone() for p in params]
     for p in params:
         p.grad = None

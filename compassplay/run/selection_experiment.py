@@ -13,8 +13,7 @@ KL-regularised RL proposer converges to, tilted by its reward, without its train
    endpoint's own gradient: an upper reference, circular on purpose).
 3. Before any training, `OUT/design.json` states the minimum detectable effect at power 0.8 of
    the paired comparison (arm minus random over subpools), from the spread of the candidates'
-   measured one-step utilities (`drop_adamw_heldout`, else `drop_sgd_heldout`) under
-   simulated random selections.
+   one-step utilities (`UTILITY_KEYS`) under simulated random selections.
 4. For each (subpool, arm), the same solver (the start point: a run's checkpoint weights and
    AdamW state, `--checkpoint`; else the base model with a fresh AdamW) trains
    `--train-steps` AdamW steps on the mean loss of the selected tasks' verified solutions
@@ -83,10 +82,18 @@ def select(sub: list[dict], arm: str, k: int, seed: int) -> list[dict]:
     return sorted(sub, key=lambda r: -r[f"score_{arm}"])[:k]
 
 
+UTILITY_KEYS = ("drop_adamw_heldout", "pred_adamw_heldout", "drop_sgd_heldout",
+                "pred_sgd_heldout")
+"""A candidate's one-step utility on the primary endpoint, first found: the realized drop of
+the run's AdamW step, its first-order prediction, then the same for the plain step."""
+
+
 def utility_of(r: dict) -> float:
-    """A candidate's measured one-step utility on the primary endpoint."""
-    v = r.get("drop_adamw_heldout")
-    return r["drop_sgd_heldout"] if v is None else v
+    """A candidate's one-step utility on the primary endpoint (`UTILITY_KEYS`)."""
+    for k in UTILITY_KEYS:
+        if r.get(k) is not None:
+            return float(r[k])
+    raise ValueError(f"candidate {r.get('task_id')}: no one-step utility ({UTILITY_KEYS})")
 
 
 def design_power(pools: list[list[dict]], k: int, sims: int = 2000, seed: int = 0) -> dict:
@@ -107,7 +114,7 @@ def design_power(pools: list[list[dict]], k: int, sims: int = 2000, seed: int = 
              for arm in ARMS if arm != "random"}
     return {"subpools": s, "top": k, "sd_of_paired_mean_difference": sd_mean,
             "mde_power_0.8": (1.959964 + 0.841621) * sd_mean,
-            "proxy": "one-step utility (drop_adamw_heldout, else drop_sgd_heldout)",
+            "proxy": "one-step utility (the first of " + ", ".join(UTILITY_KEYS) + ")",
             "proxy_arm_minus_subpool_mean": proxy}
 
 

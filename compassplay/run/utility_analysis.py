@@ -41,35 +41,35 @@ def analyse(rows: list[dict], boot: int = 1000, perms: int = 2000) -> dict:
                  "first_order": {}, "precond_vs_plain": {}}
     strata = [stratum(r) for r in rows]
     covs = [[r["target_tokens"] for r in rows], [r["grad_norm"] for r in rows]]
-    for step in STEPS:
-        for end in MEASURED:
-            key = f"drop_{step}_{end}"
-            have = [i for i, r in enumerate(rows) if r.get(key) is not None]
-            if len(have) < 4:
-                continue
-            sub = [rows[i] for i in have]
-            y = [r[key] for r in sub]
-            st = [strata[i] for i in have]
-            cv = [[c[i] for i in have] for c in covs]
-            per_score = {}
-            for s in SCORES:
-                x = [r[f"score_{s}"] for r in sub]
-                w = within_rho(x, y, st, boot=boot, perms=perms)
-                per_score[s] = {"pooled": rank_correlation(x, y, boot, perms).as_dict(),
-                                "within": w.as_dict(),
-                                "partial": partial_rho(x, y, cv, st, boot=boot,
-                                                       perms=perms).as_dict()}
-            for kind in ("within", "partial"):
-                adj = holm({s: per_score[s][kind]["p"] for s in TESTED})
-                for s in TESTED:
-                    per_score[s][kind]["p_holm"] = adj[s]
-            n_eff = per_score["cos"]["within"]["n_eff"]
-            out["utilities"][key] = {"n": len(sub), "mean": float(np.mean(y)),
-                                     "detectable_within": detectable_rho_eff(n_eff),
-                                     "scores": per_score}
-            out["precond_vs_plain"][key] = rho_difference(
-                [r["score_precond_cos"] for r in sub], [r["score_cos"] for r in sub], y, st,
-                boot=boot).as_dict()
+    keys = [f"{kind}_{step}_{end}" for kind in ("drop", "pred") for step in STEPS
+            for end in MEASURED]
+    for key in keys:
+        have = [i for i, r in enumerate(rows) if r.get(key) is not None]
+        if len(have) < 4:
+            continue
+        sub = [rows[i] for i in have]
+        y = [r[key] for r in sub]
+        st = [strata[i] for i in have]
+        cv = [[c[i] for i in have] for c in covs]
+        per_score = {}
+        for s in SCORES:
+            x = [r[f"score_{s}"] for r in sub]
+            w = within_rho(x, y, st, boot=boot, perms=perms)
+            per_score[s] = {"pooled": rank_correlation(x, y, boot, perms).as_dict(),
+                            "within": w.as_dict(),
+                            "partial": partial_rho(x, y, cv, st, boot=boot,
+                                                   perms=perms).as_dict()}
+        for kind in ("within", "partial"):
+            adj = holm({s: per_score[s][kind]["p"] for s in TESTED})
+            for s in TESTED:
+                per_score[s][kind]["p_holm"] = adj[s]
+        n_eff = per_score["cos"]["within"]["n_eff"]
+        out["utilities"][key] = {"n": len(sub), "mean": float(np.mean(y)),
+                                 "detectable_within": detectable_rho_eff(n_eff),
+                                 "scores": per_score}
+        out["precond_vs_plain"][key] = rho_difference(
+            [r["score_precond_cos"] for r in sub], [r["score_cos"] for r in sub], y, st,
+            boot=boot).as_dict()
     for step in STEPS:
         for end in MEASURED:
             real = [r.get(f"drop_{step}_{end}") for r in rows]

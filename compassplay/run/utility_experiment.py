@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ref-split", type=int, default=8, help="utility: g_ref from the "
                    "reference file's first N items (the run's reference.max_items), the "
                    "reference endpoint on the next N")
+    p.add_argument("--realized", type=int, default=None, help="utility: measure the realized "
+                   "drops of the first N candidates only (the first-order predictions of all; "
+                   "default: realized for every candidate)")
     p.add_argument("--pool-from", default=None, help="utility: measure this pool.jsonl "
                    "(another experiment's) instead of collecting one")
     p.add_argument("--pool-name", default=None, help="utility: the pool's name in the rows "

@@ -24,8 +24,11 @@ The steps (`rewards.utility`), from the same weights for every candidate:
 * `adamw`: the learner's AdamW from the checkpoint's state (what training on the task does);
 * `adamw_fresh`: a freshly built AdamW (the earlier pools' utility; about lr sign(g)): a
   labelled extra.
-Each has its realized drop on `heldout` and `ref_b` and the first-order prediction
--<delta, g_t> on those and on `ref_a`.
+Each has its realized drop on `heldout` and `ref_b` (for the first `--realized` candidates
+measured; null after them: each realized drop costs a pass over the endpoint's tokens through
+the trainable layers and the vocabulary head) and, for every candidate, the first-order
+prediction -<delta, g_t> on those and on `ref_a` (exact inner products with the endpoints'
+gradients; the realized rows check it).
 
 The scores: cos (cos(g, g_ref_a), the paper's), inner, precond_cos (the cosine in the AdamW
 metric of the checkpoint, `rewards.preconditioner`; = cos without a checkpoint), difficulty
@@ -208,7 +211,7 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
         pcos = metric_cosine(grad, targets["ref_a"], metric) if metric is not None else cos
         nov = 1.0 - token_jaccard(c.get("novelty_tokens", []), c.get("seed_tokens", []))
         row = {"task_id": c["task_id"], "task_type": c["task_type"], "step": c["step"],
-               "pool": args.pool_name, "solve_rate": c["solve_rate"],
+               "pool": c.get("pool") or args.pool_name, "solve_rate": c["solve_rate"],
                "n_solutions": len(sols), "target_tokens": sum(len(s) for s in sols) / len(sols),
                "grad_norm": norm, "score_cos": cos,
                "score_inner": metric_inner(grad, targets["ref_a"], None),
@@ -218,9 +221,11 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
                "score_heldout_cos": metric_cosine(grad, targets["heldout"], None),
                "eta": args.eta, "dir_length": length, "lr": lr, "start": start.source,
                "start_step": start.step, "before": before, "momentum_drop": momentum}
+        measured = args.realized is None or len(done) + i < args.realized
         for kind, delta in deltas.items():
-            for k, v in step_drops(model, delta, losses, before).items():
-                row[f"drop_{kind}_{k}"] = v
+            drops = step_drops(model, delta, losses, before) if measured else {}
+            for k in MEASURED:
+                row[f"drop_{kind}_{k}"] = drops.get(k)
             for k in PREDICTED:
                 row[f"pred_{kind}_{k}"] = predicted_drop(delta, targets[k])
             row[f"step_norm_{kind}"] = grad_norm(delta)
@@ -228,15 +233,18 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
         row["solution"] = tok.decode(sols[0], skip_special_tokens=True)
         with rows_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
-        log.info("[%d/%d] %s %s cos=%+.4f pcos=%+.4f sgd=%+.2e adamw=%+.2e (%.1f s)", i + 1,
-                 len(todo), c["task_type"], c["task_id"], cos, pcos,
-                 row["drop_sgd_heldout"], row.get("drop_adamw_heldout", math.nan),
-                 time.time() - t)
+        log.info("[%d/%d] %s %s cos=%+.4f pcos=%+.4f predicted held-out drop sgd=%+.2e "
+                 "adamw=%+.2e%s (%.1f s)", i + 1, len(todo), c["task_type"], c["task_id"], cos,
+                 pcos, row["pred_sgd_heldout"], row.get("pred_adamw_heldout", math.nan),
+                 "" if measured else " (first order only)", time.time() - t)
 
 
 def solutions_of(c: dict) -> list[list[int]]:
-    """A pool row's verified solutions (target token ids; older pools: the first only)."""
-    return [list(s) for s in (c.get("solutions") or [c["target_ids"]])]
+    """A pool row's verified solutions (`Candidate.solutions`: target_ids, then
+    more_target_ids; a measured row: its `solutions`)."""
+    if c.get("solutions"):
+        return [list(s) for s in c["solutions"]]
+    return [list(c["target_ids"]), *map(list, c.get("more_target_ids") or [])]
 
 
 def _dir_length(rows_path: Path, model: torch.nn.Module, pool: list[dict], pad: int,

@@ -40,9 +40,11 @@ def write_report(out: Path, summary: dict) -> Path:
              "and gradient norm. [95% bootstrap], permutation p, Holm over "
              "cos, inner, preconditioned cos, difficulty, novelty, cos x novelty.", ""]
     for key, u in summary["utilities"].items():
-        _, step, end = key.split("_", 2) if not key.startswith("drop_adamw_fresh") else \
-            ("drop", "adamw_fresh", key[len("drop_adamw_fresh_"):])
-        lines += [f"## {STEP_TITLES.get(step, step)}: {END_TITLES.get(end, end)}", "",
+        kind, rest = key.split("_", 1)
+        step = "adamw_fresh" if rest.startswith("adamw_fresh") else rest.split("_", 1)[0]
+        end = rest[len(step) + 1:]
+        what = "realized drop" if kind == "drop" else "first-order drop -<delta, g_t>"
+        lines += [f"## {STEP_TITLES.get(step, step)}: {END_TITLES.get(end, end)}, {what}", "",
                   f"n = {u['n']}, mean drop {u['mean']:+.3g}; the within-stratum design detects "
                   f"|rho| >= {u['detectable_within']:.2f} at power 0.8.", "",
                   "| score | pooled rho | within rho | partial rho |", "| --- | --- | --- | --- |"]
