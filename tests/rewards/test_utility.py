@@ -11,8 +11,8 @@ import torch
 from compassplay.rewards.batch import Example, mean_example_loss
 from compassplay.rewards.fixed_set_loss import FixedSetLoss, frozen_prefix_layers
 from compassplay.rewards.gradient import GradientScorer
-from compassplay.rewards.soar import mean_loss
 from compassplay.rewards.preconditioner import metric_cosine
+from compassplay.rewards.soar import mean_loss
 from compassplay.rewards.utility import (
     adamw_delta,
     direction_delta,
