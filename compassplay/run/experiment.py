@@ -10,7 +10,8 @@ seed suffix removed) into `OUT/report/` and `OUT/experiment.json` records the co
 run's status and wall time.
 
 Experiments (the paper's two comparisons, at a size a 2-core CPU runs):
-- `external-reference` (coding): difficulty (AZR) vs cosine vs SOAR, the reference set's
+- `external-reference` (coding): difficulty (AZR) vs cosine vs the cosine in the learner's
+  AdamW metric (`precond_cosine`) vs SOAR, the reference set's
   loss (`logging.reference_loss`) and held-out accuracy (`eval`) against step and compute,
   and the distinct reward values among eligible candidates per batch.
 - `local-reference` (coding, `reward.reference=local`: each candidate's reference gradient is
@@ -54,11 +55,12 @@ EXPERIMENTS = {
     "external-reference": Experiment(
         base="micro_warm", common=_SHARED,
         arms={"difficulty": ("reward.kind=difficulty",), "cosine": ("reward.kind=cosine",),
+              "precond_cosine": ("reward.kind=precond_cosine",),
               "soar": ("reward.kind=soar",)},
         baseline="difficulty",
-        question="with an external reference set, does cosine move the reference loss and "
-                 "held-out accuracy more than difficulty per step and per CPU-second, and how "
-                 "does SOAR's cost compare?"),
+        question="with an external reference set, does cosine (plain, or in the learner's "
+                 "AdamW metric) move the reference loss and held-out accuracy more than "
+                 "difficulty per step and per CPU-second, and how does SOAR's cost compare?"),
     "local-reference": Experiment(
         base="micro_warm", common=(*_SHARED, "reward.reference=local"),
         arms={"cosine": ("reward.kind=cosine",), "cos_novelty": ("reward.kind=cos_novelty",),

@@ -97,7 +97,9 @@ def load_start(cfg: RunConfig, checkpoint: str | None) -> StartPoint:
     from compassplay.workers.builders import freeze_except
 
     model, tok = load_policy(cfg)
-    model = model.float()
+    # float32 on the first GPU when there is one (never run on a GPU: at 7B that is 28 GB of
+    # weights plus the trainable part's gradient and two AdamW moments), else the CPU
+    model = model.float().to("cuda" if torch.cuda.is_available() else "cpu")
     freeze_except(model, cfg.learner.trainable, "learner.trainable")
     if checkpoint is None:
         return StartPoint(model, tok, None, "base model (+ bootstrap)", 0)
@@ -108,12 +110,12 @@ def load_start(cfg: RunConfig, checkpoint: str | None) -> StartPoint:
         if not f.is_file():
             raise ConfigError(f"--checkpoint: {f} is missing (a torch-backend checkpoint holds "
                               "model/model.safetensors and learner/optimizer.pt)")
-    state = load_file(str(weights))
+    state = load_file(str(weights), device=str(next(model.parameters()).device))
     missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if not m.endswith("lm_head.weight")]:
         raise ConfigError(f"--checkpoint: {weights} does not match the config's model: "
                           f"missing {missing[:3]}, unexpected {unexpected[:3]}")
-    opt = torch.load(opt_file, weights_only=True)
+    opt = torch.load(opt_file, weights_only=True, map_location=next(model.parameters()).device)
     trainable = [p for p in model.parameters() if p.requires_grad]
     st = opt.get("state", {})
     if len(st) != len(trainable) or any(
