@@ -52,7 +52,7 @@ def test_utility_and_selection_experiments_on_the_micro_model(tmp_path):
     assert len(rows) == 8
     for r in rows:
         assert 0 < r["solve_rate"] < 1 and r["score_difficulty"] == 1 - r["solve_rate"]
-        assert r["start_step"] >= 1 and "step_000001" in r["start"]
+        assert r["start_step"] >= 1 and "step_000000" in r["start"]  # after the run's one step
         for s in ("cos", "precond_cos", "heldout_cos"):
             assert -1 <= r[f"score_{s}"] <= 1
         for step in ("sgd", "dir", "adamw", "adamw_fresh"):
