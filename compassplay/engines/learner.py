@@ -84,6 +84,10 @@ def lr_lambda(schedule: str, warmup_steps: int, total_steps: int | None) -> Call
     return fn
 
 
+class NoOptimizerMetric(RuntimeError):
+    """The learner backend cannot give the AdamW metric reward.kind=precond_cosine scores in."""
+
+
 class Slot(ABC):
     """One trainable model with its optimizer and LR schedule (backend-specific)."""
 
@@ -124,10 +128,11 @@ class Slot(ABC):
         next AdamW step, M = 1 / (sqrt(v_hat) + eps) (`rewards.preconditioner.adamw_metric`,
         CPU float32, the parameter's shape); ones for a parameter the optimizer has not
         stepped yet (the plain metric). Backends that cannot read their optimizer state
-        raise NotImplementedError."""
-        raise NotImplementedError(f"{type(self).__name__} cannot read its optimizer's "
-                                  "second moments (reward.kind=precond_cosine needs "
-                                  "learner.backend=torch)")
+        (DeepSpeed's partitioned one; the config refuses that pairing) raise
+        `NoOptimizerMetric`."""
+        raise NoOptimizerMetric(f"{type(self).__name__} cannot read its optimizer's second "
+                                "moments (reward.kind=precond_cosine needs "
+                                "learner.backend=torch)")
 
 
 class Learner(ABC):
@@ -147,7 +152,8 @@ class Learner(ABC):
     def preconditioner(self, names: list[str], role: Role = "solver") -> dict[str, torch.Tensor]:
         """The AdamW metric {name: M} (CPU float32) of the model that plays `role`, for the
         parameter `names` (`Slot.preconditioner`)."""
-        raise NotImplementedError(f"{type(self).__name__} has no optimizer metric")
+        raise NoOptimizerMetric(f"{type(self).__name__} has no optimizer metric "
+                                "(reward.kind=precond_cosine needs learner.backend=torch)")
 
     @abstractmethod
     def save(self, path: str | Path, model_dir: str | Path | None = None) -> None: ...
