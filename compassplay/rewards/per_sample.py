@@ -35,7 +35,8 @@ import torch
 from torch import nn
 
 from .batch import Batch, batch_losses
-from .handlers import Accum, Handler, HandlerContext, PassState, make_handler, tie
+from .handlers import Handler, make_handler, tie
+from .pass_state import Accum, HandlerContext, PassState
 from .subspace import CountSketch
 
 

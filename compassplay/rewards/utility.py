@@ -89,24 +89,31 @@ def direction_delta(grad: list[torch.Tensor], length: float) -> list[torch.Tenso
     return [torch.zeros_like(g) if norm == 0 else (-length / norm) * g for g in grad]
 
 
+def learner_adamw(params: list[nn.Parameter], lr: float,
+                  state: dict | None = None) -> torch.optim.AdamW:
+    """The learner's AdamW over `params` (betas 0.9, 0.999, eps 1e-8, no weight decay, as
+    `engines.torch_learner.make_adamw`); with `state` (an AdamW `state_dict()` of the same
+    parameters: a run's `learner/optimizer.pt`) it continues that state's moments, step count
+    and learning rate (from a copy: `state` is left as it is)."""
+    opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    if state is not None:
+        opt.load_state_dict(copy.deepcopy(state))
+    return opt
+
+
 def adamw_delta(model: nn.Module, grad: list[torch.Tensor], state: dict | None, *, lr: float,
                 max_grad_norm: float) -> list[torch.Tensor]:
-    """The update one step of the learner's optimizer makes along `grad`: AdamW (betas 0.9,
-    0.999, eps 1e-8, no weight decay, as `engines.torch_learner.make_adamw`) over the trainable
-    parameters, the gradient clipped to `max_grad_norm` first, as the learner clips. `state`: an
-    AdamW `state_dict()` of the same parameters (a run's `learner/optimizer.pt`; its moments,
-    step count and learning rate are used, `lr` is then ignored), or None for a fresh state.
-    The weights are left as they were."""
+    """The update one step of the learner's optimizer (`learner_adamw`) makes along `grad` over
+    the trainable parameters, the gradient clipped to `max_grad_norm` first, as the learner
+    clips. `state`: the optimizer state to continue (its learning rate is used, `lr` is then
+    ignored), or None for a fresh one. The weights are left as they were."""
     with restored(model):
         params = _trainable(model)
         start = [p.detach().clone() for p in params]
         for p, g in zip(params, grad, strict=True):
             p.grad = g.clone()
         torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        if state is not None:
-            opt.load_state_dict(copy.deepcopy(state))
-        opt.step()
+        learner_adamw(params, lr, state).step()
         return [p.detach() - s for p, s in zip(params, start, strict=True)]
 
 

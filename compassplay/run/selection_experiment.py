@@ -180,19 +180,15 @@ def train_drops(model: torch.nn.Module, tasks: list[dict], state: dict | None, l
                 pad: int) -> dict[str, float]:
     """`steps` AdamW steps (continuing `state`, or fresh) on the mean over `tasks` of each
     task's mean solution loss; the endpoints' drops; the weights put back."""
-    import copy
-
     from compassplay.rewards.batch import Example
     from compassplay.rewards.soar import mean_loss
-    from compassplay.rewards.utility import restored
+    from compassplay.rewards.utility import learner_adamw, restored
 
     with restored(model):
         params = [p for p in model.parameters() if p.requires_grad]
-        opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
-        if state is not None:
-            opt.load_state_dict(copy.deepcopy(state))
-            for g in opt.param_groups:
-                g["lr"] = lr
+        opt = learner_adamw(params, lr, state)
+        for g in opt.param_groups:  # `lr` here, also when continuing a state
+            g["lr"] = lr
         for _ in range(steps):
             opt.zero_grad(set_to_none=True)
             loss = sum(mean_loss(model, [Example(t["prompt_ids"], s) for s in t["solutions"]],

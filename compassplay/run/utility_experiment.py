@@ -171,7 +171,7 @@ def read_rows(dirs: list[Path]) -> list[dict]:
     for d in dirs:
         path = d / ROWS_FILE
         if not path.is_file():
-            raise ConfigError(f"--also: {path} not found")
+            raise ConfigError(f"{path} not found (a measured utility experiment folder holds it)")
         rows += [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
     return rows
 
