@@ -1,5 +1,11 @@
 """HF transformers generation engine (CPU and GPU): left-padded batches, KV-cache sampling loop.
 
+Two decoders run the model. "static" (the default, for Llama and Qwen2 modules):
+`engines.static_decoder`, the same arithmetic on the module's weights with a preallocated KV
+cache, fused matmuls and, on CPU, MKL-packed weights for the decode steps (greedy outputs equal
+the "hf" decoder's; docs/measurements/generation-speed-2026-12-03). "hf": the module's own
+forward with its dynamic cache, for every other architecture (and `decoder="hf"`).
+
 Per-token log-probs follow the convention in `compassplay.engines.base` (unscaled logits,
 temperature 1, no top-p). Sampling draws from a `torch.Generator` seeded by
 `SamplingParams.seed`, so equal seeds on the same device give equal completions.
@@ -8,14 +14,18 @@ temperature 1, no top-p). Sampling draws from a `torch.Generator` seeded by
 from __future__ import annotations
 
 import inspect
+import logging
 import threading
 from typing import Any
 
 import torch
 
 from compassplay.engines.base import GenerationEngine, SamplingParams, check_version
+from compassplay.engines.static_decoder import StaticDecoder, unsupported_reason
 from compassplay.engines.templating import TemplateCursor
 from compassplay.records import Generation
+
+log = logging.getLogger(__name__)
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
@@ -45,6 +55,44 @@ def cache_arg(model: torch.nn.Module) -> str:
         "past_key_values"
 
 
+class ModuleDecoder:
+    """The module's own forward with its dynamic cache, behind `StaticDecoder`'s interface:
+    `start(ids, pad, capacity)` -> logits [B, V], then `step(tok)` -> logits [B, V]."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self._cache_arg = cache_arg(model)
+        # the prefill needs only the last position's logits: a 49k vocabulary head over every
+        # prompt position of a 48-prompt batch is ~20% of its work and gigabytes of logits
+        self._prefill_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in \
+            inspect.signature(model.forward).parameters else {}
+
+    def refresh_if_changed(self) -> bool:
+        return False  # runs on the module itself
+
+    def start(self, ids: torch.Tensor, pad: torch.Tensor, capacity: int) -> torch.Tensor:
+        cols = torch.arange(ids.shape[1], device=ids.device)
+        self._mask = (cols[None, :] >= pad[:, None]).long()
+        self._pos = (self._mask.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=self._mask, position_ids=self._pos,
+                         use_cache=True, **self._prefill_kwargs)
+        self._cache = kv_cache_of(out)
+        return out.logits[:, -1, :].float()
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        ones = torch.ones((len(tok), 1), dtype=self._mask.dtype, device=tok.device)
+        self._mask = torch.cat([self._mask, ones], dim=1)
+        self._pos = self._pos[:, -1:] + 1
+        out = self.model(input_ids=tok[:, None], attention_mask=self._mask,
+                         position_ids=self._pos, use_cache=True,
+                         **{self._cache_arg: self._cache})
+        self._cache = kv_cache_of(out)
+        return out.logits[:, -1, :].float()
+
+
+DECODERS = ("static", "hf")
+
+
 class HFGenerationEngine(GenerationEngine):
     """Generation with a `transformers` causal LM on its device (run in eval mode).
 
@@ -52,10 +100,16 @@ class HFGenerationEngine(GenerationEngine):
     token is kept in `completion_ids`, finish_reason "stop"); so does a stop string;
     reaching `max_new_tokens` gives finish_reason "length". `text` decodes `completion_ids`
     without special tokens and so includes a matched stop string.
+    decoder: "static" (`StaticDecoder`, where the architecture allows; else "hf" with a log
+    line) or "hf" (`ModuleDecoder`).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, pad_token_id: int | None = None,
-                 eos_token_id: int | list[int] | None = None, weight_version: int = 0) -> None:
+                 eos_token_id: int | list[int] | None = None, weight_version: int = 0,
+                 decoder: str = "static") -> None:
+        if decoder not in DECODERS:
+            raise ValueError(f"decoder: unknown decoder {decoder!r} (expected one of "
+                             f"{DECODERS})")
         self.model = model
         self.tokenizer = tokenizer
         pad = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
@@ -69,11 +123,13 @@ class HFGenerationEngine(GenerationEngine):
         self.template_eos = eos_list[0] if eos_list else None  # forced after a template
         self._version = weight_version
         self._lock = threading.RLock()
-        self._cache_arg = cache_arg(model)
-        # the prefill needs only the last position's logits: a 49k vocabulary head over every
-        # prompt position of a 48-prompt batch is ~20% of its work and gigabytes of logits
-        self._prefill_kwargs = {"logits_to_keep": 1} if "logits_to_keep" in \
-            inspect.signature(model.forward).parameters else {}
+        why = unsupported_reason(model) if decoder == "static" else None
+        if why is not None:
+            log.info("generation: the static decoder cannot run this model (%s); using the "
+                     "module's own forward", why)
+        self._decoder: StaticDecoder | ModuleDecoder = StaticDecoder(model) if \
+            decoder == "static" and why is None else ModuleDecoder(model)
+        self.decoder = "static" if isinstance(self._decoder, StaticDecoder) else "hf"
 
     @property
     def weight_version(self) -> int:
@@ -137,11 +193,10 @@ class HFGenerationEngine(GenerationEngine):
         dev = self.device
         bsz, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((bsz, width), dtype=torch.long)
         for i, p in enumerate(prompts):  # left padding
             ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
+        pad = torch.tensor([width - len(p) for p in prompts], dtype=torch.long)
+        ids, pad = ids.to(dev), pad.to(dev)
         gen = torch.Generator(device=dev)
         gen.manual_seed(params.seed if params.seed is not None else torch.seed())
         comp: list[list[int]] = [[] for _ in range(bsz)]
@@ -150,11 +205,10 @@ class HFGenerationEngine(GenerationEngine):
         done = [False] * bsz
         cursors = [self._cursor(params) for _ in range(bsz)] if params.template else None
         eos_cols = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         **self._prefill_kwargs)
-        for _ in range(params.max_new_tokens):
-            logits = out.logits[:, -1, :].float()
+        dec = self._decoder
+        dec.refresh_if_changed()
+        logits = dec.start(ids, pad, width + params.max_new_tokens)
+        for step in range(params.max_new_tokens):
             if cursors is None:
                 tok = sample_next(logits, params.temperature, params.top_p, gen)
             else:  # templated: no end-of-sequence inside a segment; forced tokens override
@@ -166,8 +220,8 @@ class HFGenerationEngine(GenerationEngine):
                 tok = sample_next(masked, params.temperature, params.top_p, gen)
                 forced = [(i, c.forced()) for i, c in enumerate(cursors) if c.forced() is not None]
                 if forced:
-                    rows, ids = zip(*forced, strict=True)
-                    tok[list(rows)] = torch.tensor(ids, dtype=tok.dtype, device=dev)
+                    rows, forced_ids = zip(*forced, strict=True)
+                    tok[list(rows)] = torch.tensor(forced_ids, dtype=tok.dtype, device=dev)
             logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
             tok_l, logp_l = tok.tolist(), logp.tolist()
             for i in range(bsz):
@@ -181,13 +235,10 @@ class HFGenerationEngine(GenerationEngine):
                         done[i], reasons[i] = True, "stop"
                 elif tok_l[i] in self.eos_token_ids or self._stopped(comp[i], params.stop):
                     done[i], reasons[i] = True, "stop"
-            if all(done):
+            if all(done) or step == params.max_new_tokens - 1:
                 break
             nxt = torch.tensor([self.pad_token_id if d else t for d, t in zip(done, tok_l,
                                                                               strict=True)],
                                dtype=torch.long, device=dev)
-            mask = torch.cat([mask, torch.ones((bsz, 1), dtype=mask.dtype, device=dev)], dim=1)
-            pos = pos[:, -1:] + 1
-            out = self.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos,
-                             use_cache=True, **{self._cache_arg: kv_cache_of(out)})
+            logits = dec.step(nxt)
         return list(zip(comp, lps, strict=True)), reasons

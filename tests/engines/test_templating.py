@@ -118,8 +118,10 @@ def test_a_free_block_is_never_empty(tokenizer):
 
 
 def test_engine_never_closes_a_block_at_once(model, tokenizer):
-    """Even a model that wants nothing but the closing fence first writes something."""
-    eng = HFGenerationEngine(model, tokenizer)
+    """Even a model that wants nothing but the closing fence first writes something (the
+    module's own forward: the hook below edits its logits; the masking is the engine's, the
+    same for either decoder)."""
+    eng = HFGenerationEngine(model, tokenizer, decoder="hf")
     fence = tokenizer.encode("```", add_special_tokens=False)[0]
 
     def fence_first(module, args, out):  # the fence's token overwhelmingly likely everywhere

@@ -35,20 +35,24 @@ def test_engine_versions_only_go_forward(tokenizer):
     assert engine.weight_version == 2
 
 
-def test_generate_never_mixes_versions(tokenizer):
+@pytest.mark.parametrize("decoder", ["static", "hf"])
+def test_generate_never_mixes_versions(tokenizer, decoder):
     model = tiny_causal_lm(seed=0)
-    engine = HFGenerationEngine(model, tokenizer)
+    engine = HFGenerationEngine(model, tokenizer, decoder=decoder)
     new_state = tiny_causal_lm(seed=5).state_dict()
     started, proceed = threading.Event(), threading.Event()
     calls = []
+    # a module each decoder calls inside generate: the static decoder computes its rotary
+    # tables once per call (call 1), the module's own forward runs once per token (call 2)
+    hooked, pause_at = (model.model.rotary_emb, 1) if decoder == "static" else (model, 2)
 
     def hook(module, args, kwargs):
         calls.append(1)
-        if len(calls) == 2:  # inside the sampling loop of the first generate
+        if len(calls) == pause_at:  # inside the first generate
             started.set()
             assert proceed.wait(30)
 
-    handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+    handle = hooked.register_forward_pre_hook(hook, with_kwargs=True)
     out: dict[str, list] = {}
     gen = threading.Thread(target=lambda: out.setdefault("a", engine.generate([[1], [2]], P)))
     gen.start()

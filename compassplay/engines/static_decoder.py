@@ -1,0 +1,230 @@
+"""A compact Llama/Qwen2 forward for sampling on a preallocated KV cache (CPU and GPU).
+
+The HF module's own forward spends most of a small model's decode step outside its matmuls:
+a mask and positions rebuilt per token, a cache grown by concatenation, ~15 modules per block
+each with its own Python call. `StaticDecoder` runs the same arithmetic on the module's
+weights with one fused matmul for q/k/v and one for gate/up per block, a KV cache allocated
+once per call for its whole length, a pad mask built once, and rotary tables computed once by
+the model's own `rotary_emb` (so every rope variant the model supports is followed).
+
+Shapes: B rows (left-padded prompts), T prompt width, C = T + new tokens (cache capacity),
+H hidden size, nh query heads, nkv key/value heads, d head dim, V vocabulary.
+`dtype` (default: the model's) is the weights' and the matmuls' dtype; the residual stream,
+norms, softmax and logits stay float32 (with bfloat16 weights the matmuls accumulate in float32
+inside oneDNN/cuBLAS and round their outputs to bfloat16).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+
+
+def unsupported_reason(model: torch.nn.Module) -> str | None:
+    """Why `StaticDecoder` cannot run `model` (None: it can)."""
+    cfg = getattr(model, "config", None)
+    kind = getattr(cfg, "model_type", None)
+    if kind not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {kind!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (only silu)"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if getattr(cfg, "mlp_bias", False) or (kind == "llama" and getattr(cfg, "attention_bias",
+                                                                       False)):
+        return "biases outside q/k/v"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "layers"):
+        return "no model.layers / model.rotary_emb"
+    return None
+
+
+@dataclass
+class _Block:
+    """One transformer block's weights in the decoder's dtype (detached views or copies)."""
+
+    ln1: torch.Tensor   # [H] float32
+    wqkv: torch.Tensor  # [(nh + 2 nkv) d, H]
+    bqkv: torch.Tensor | None  # [(nh + 2 nkv) d] (Qwen2) or None
+    wo: torch.Tensor    # [H, nh d]
+    ln2: torch.Tensor   # [H] float32
+    wgu: torch.Tensor   # [2 I, H]: gate rows then up rows
+    wd: torch.Tensor    # [H, I]
+
+
+class StaticDecoder:
+    """Prefill then one token per call on a KV cache of fixed capacity (see the module doc).
+
+    Call `refresh()` after the model's weights change (the fused copies are rebuilt).
+    """
+
+    def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None,
+                 pack: bool = True) -> None:
+        if (why := unsupported_reason(model)) is not None:
+            raise ValueError(f"StaticDecoder: {why}")
+        cfg = model.config
+        self.model = model
+        self.dtype = dtype or next(model.parameters()).dtype
+        self.nh = cfg.num_attention_heads
+        self.nkv = getattr(cfg, "num_key_value_heads", None) or self.nh
+        self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = self.d ** -0.5
+        self.blocks: list[_Block] = []
+        self.pack = pack and torch.backends.mkl.is_available() and self.dtype == torch.float32
+        self._packed: dict[int, dict[int, torch.Tensor]] = {}  # rows -> id(weight) -> pack
+        self.refresh()
+        self._t = 0
+
+    def weights_fingerprint(self) -> tuple[int, ...]:
+        """Changes whenever a parameter is replaced or written in place (load_state_dict, an
+        optimizer step on a shared module): each tensor's storage and in-place version."""
+        return tuple(x for p in self.model.parameters() for x in (p.data_ptr(), p._version))
+
+    def refresh_if_changed(self) -> bool:
+        """`refresh()` when the module's weights changed since the last one (True if so)."""
+        if self.weights_fingerprint() == self._fingerprint:
+            return False
+        self.refresh()
+        return True
+
+    def refresh(self) -> None:
+        """(Re)build the fused weights from the model's current parameters."""
+        inner, dt = self.model.model, self.dtype
+        self._fingerprint = self.weights_fingerprint()
+
+        def w(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().to(dt)
+
+        blocks = []
+        for layer in inner.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            bias = at.q_proj.bias
+            blocks.append(_Block(
+                ln1=layer.input_layernorm.weight.detach().float(),
+                wqkv=w(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])),
+                bqkv=None if bias is None else w(torch.cat([bias, at.k_proj.bias,
+                                                            at.v_proj.bias])),
+                wo=w(at.o_proj.weight),
+                ln2=layer.post_attention_layernorm.weight.detach().float(),
+                wgu=w(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
+                wd=w(mlp.down_proj.weight)))
+        self.blocks = blocks
+        self.embed = inner.embed_tokens.weight.detach()  # looked up, never multiplied
+        self.norm = inner.norm.weight.detach().float()
+        self.head = w(self.model.get_output_embeddings().weight)
+        self._packed = {}
+
+    def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """x @ w.T + b. A decode step's matmuls (x: [B, 1, K] on CPU, float32) use MKL's
+        weights packed once for B rows: the same sums as `F.linear` at a fraction of its time
+        at B <= 64, where the unpacked kernel re-packs every call."""
+        rows = x.shape[0]
+        if not self.pack or x.shape[1] != 1 or x.device.type != "cpu":
+            return F.linear(x, w, b)
+        if rows not in self._packed:  # one row count's packs at a time (they cost memory)
+            self._packed = {rows: {}}
+        packs = self._packed[rows]
+        if (pw := packs.get(id(w))) is None:
+            pw = packs[id(w)] = torch.ops.mkl._mkl_reorder_linear_weight(w, rows)
+        return torch.ops.mkl._mkl_linear(x, pw, w, b, rows)
+
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMS norm in float32 (as the HF modules compute it) -> the matmul dtype."""
+        return F.rms_norm(x, weight.shape, weight, self.eps).to(self.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rot * sin
+
+    def start(self, ids: torch.Tensor, pad: torch.Tensor, capacity: int) -> torch.Tensor:
+        """Prefill. ids: [B, T] long (left-padded), pad: [B] long (pad count per row),
+        capacity: C >= T. Returns the last position's logits [B, V] float32. Equal rows (n
+        samples of one prompt) are prefilled once and their cache copied."""
+        bsz, width = ids.shape
+        if capacity < width:
+            raise ValueError(f"capacity {capacity} < prompt width {width}")
+        dev = ids.device
+        uniq, inverse = torch.unique(ids, dim=0, return_inverse=True)
+        if len(uniq) == bsz:
+            uniq, inverse = ids, None
+        upad = pad if inverse is None else \
+            torch.zeros(len(uniq), dtype=pad.dtype, device=dev).scatter_(0, inverse, pad)
+        self._alloc(len(uniq), upad, capacity, dev)
+        cols = torch.arange(width, device=dev)
+        pos = (cols[None, :] - upad[:, None]).clamp(min=0)     # [U, T]
+        causal = torch.ones((width, width), dtype=torch.bool, device=dev).tril()
+        mask = causal[None] & self._valid[:, None, :width]      # [U, T, T]
+        mask |= torch.eye(width, dtype=torch.bool, device=dev)[None]  # pad rows see themselves
+        self._t = 0
+        logits = self._forward(self.embed[uniq].float(), pos, mask[:, None], 0)
+        if inverse is not None:
+            self._k, self._v = self._k[:, inverse], self._v[:, inverse]
+            self._valid, self._bias, logits = (self._valid[inverse], self._bias[inverse],
+                                               logits[inverse])
+        self._pad = pad
+        self._t = width
+        return logits
+
+    def _alloc(self, rows: int, pad: torch.Tensor, capacity: int, dev: torch.device) -> None:
+        """The KV cache [L, rows, nkv, C, d], the key masks and the rotary tables [C, d]."""
+        self._k = torch.zeros((len(self.blocks), rows, self.nkv, capacity, self.d),
+                              dtype=self.dtype, device=dev)
+        self._v = torch.zeros_like(self._k)
+        cols = torch.arange(capacity, device=dev)
+        self._valid = cols[None, :] >= pad[:, None]             # [rows, C] keys, not pads
+        self._bias = torch.zeros((rows, 1, 1, capacity), dtype=self.dtype, device=dev
+                                 ).masked_fill_(~self._valid[:, None, None], float("-inf"))
+        cos, sin = self.model.model.rotary_emb(self.embed[:1, None, :].float(), cols[None])
+        self._cos, self._sin = cos[0].float(), sin[0].float()
+
+    def step(self, tok: torch.Tensor) -> torch.Tensor:
+        """Append one token per row. tok: [B] long -> next logits [B, V] float32."""
+        t = self._t
+        if t >= self._k.shape[3]:
+            raise ValueError(f"the KV cache is full ({t} positions)")
+        x = self.embed[tok][:, None, :].float()
+        pos = (t - self._pad)[:, None]
+        logits = self._forward(x, pos, self._bias[..., :t + 1], t)
+        self._t = t + 1
+        return logits
+
+    def _forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                 t0: int) -> torch.Tensor:
+        """x: [B, S, H] float32 at cache columns t0..t0+S-1, pos: [B, S] positions,
+        mask: [B, 1, S, t0+S] bool (True = attend) for a prefill, an additive [B, 1, 1, t0+1]
+        (0 or -inf) for a decode step. Returns logits of the last column."""
+        bsz, seq, _ = x.shape
+        nh, nkv, d = self.nh, self.nkv, self.d
+        cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # [B, 1, S, d]
+        end = t0 + seq
+        group = nh // nkv
+        nqk = nh + nkv
+        for i, b in enumerate(self.blocks):
+            h = self._rms(x, b.ln1)
+            qkv = self._linear(h, b.wqkv, b.bqkv).view(bsz, seq, nqk + nkv, d).transpose(1, 2)
+            qk = self._rope(qkv[:, :nqk].float(), cos, sin).to(self.dtype)  # [B, nh+nkv, S, d]
+            kc, vc = self._k[i], self._v[i]
+            kc[:, :, t0:end] = qk[:, nh:]
+            vc[:, :, t0:end] = qkv[:, nqk:]
+            keys, vals = kc[:, :, :end], vc[:, :, :end]
+            if seq == 1:  # decode: a group's queries as rows against its one KV head
+                q = qk[:, :nh].reshape(bsz, nkv, group, d)
+                scores = torch.matmul(q, keys.transpose(-1, -2)).mul_(self.scale).add_(mask)
+                att = torch.matmul(torch.softmax(scores, dim=-1), vals)
+            else:
+                att = F.scaled_dot_product_attention(qk[:, :nh], keys, vals, attn_mask=mask,
+                                                     enable_gqa=group > 1)
+            att = att.reshape(bsz, nh, seq, d).transpose(1, 2).reshape(bsz, seq, nh * d)
+            x = x + self._linear(att, b.wo).float()
+            h = self._rms(x, b.ln2)
+            gate, up = self._linear(h, b.wgu).chunk(2, dim=-1)
+            x = x + self._linear(F.silu(gate) * up, b.wd).float()
+        h = self._rms(x[:, -1:], self.norm)
+        return self._linear(h, self.head)[:, 0].float()

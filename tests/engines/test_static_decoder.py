@@ -1,0 +1,107 @@
+"""The static decoder against the plain forward of the same module (the oracle): logits of a
+prefill and of every decode step, with left padding and repeated prompts, Llama and Qwen2;
+greedy generations equal the module-forward decoder's; weights followed after they change."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from compassplay.config import TinyModelConfig
+from compassplay.engines import SamplingParams
+from compassplay.engines.base import Segment
+from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.static_decoder import StaticDecoder, unsupported_reason
+from compassplay.models.loading import tiny_config
+
+
+def tiny(arch: str, seed: int = 0) -> torch.nn.Module:
+    t = TinyModelConfig(arch=arch, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                        intermediate_size=96, max_positions=256, tie_embeddings=arch == "qwen2")
+    cfg = tiny_config(t, 260, pad_id=259, eos_id=258)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def oracle_logits(model: torch.nn.Module, rows: list[list[int]]) -> torch.Tensor:
+    """The module's forward on each row alone, no padding, no cache: last logits [B, V]."""
+    with torch.no_grad():
+        return torch.cat([model(input_ids=torch.tensor([r])).logits[:, -1].float()
+                          for r in rows])
+
+
+def left_pad(rows: list[list[int]], pad_id: int = 259) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+    return ids, torch.tensor([width - len(r) for r in rows])
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("pack", [True, False])
+def test_prefill_and_steps_match_the_module_forward(arch, pack):
+    model = tiny(arch)
+    rows = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 43]]
+    dec = StaticDecoder(model, pack=pack)
+    ids, pad = left_pad(rows)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        logits = dec.start(ids, pad, ids.shape[1] + 6)
+        for _ in range(6):
+            torch.testing.assert_close(logits, oracle_logits(model, rows), atol=1e-4, rtol=1e-4)
+            tok = torch.randint(0, 258, (len(rows),), generator=g)
+            rows = [r + [t] for r, t in zip(rows, tok.tolist(), strict=True)]
+            if dec._t < ids.shape[1] + 6:
+                logits = dec.step(tok)
+    with pytest.raises(ValueError, match="full"):
+        dec.step(tok)
+
+
+def test_greedy_generations_equal_the_module_forward_decoder(tokenizer):
+    model = tiny("qwen2", seed=3)
+    prompts = [[5, 6, 7], [8, 9, 10, 11, 12, 13], [5, 6, 7], [70]]
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    a = HFGenerationEngine(model, tokenizer, decoder="static").generate(prompts, greedy)
+    b = HFGenerationEngine(model, tokenizer, decoder="hf").generate(prompts, greedy)
+    assert [g.completion_ids for g in a] == [g.completion_ids for g in b]
+    for x, y in zip(a, b, strict=True):
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs, strict=True)) < 1e-4
+    templ = SamplingParams(max_new_tokens=40, temperature=0.9, seed=1,
+                           template=(Segment("```", "\n", 10), Segment("```", "", 8)))
+    s1 = HFGenerationEngine(model, tokenizer).generate(prompts, templ)
+    s2 = HFGenerationEngine(model, tokenizer).generate(prompts, templ)
+    assert [g.completion_ids for g in s1] == [g.completion_ids for g in s2]  # seeded
+    assert all(g.finish_reason == "stop" and g.text.count("```") == 2 for g in s1)
+
+
+def test_weights_changed_in_place_are_followed(tokenizer):
+    model = tiny("llama")
+    engine = HFGenerationEngine(model, tokenizer)
+    assert engine.decoder == "static"
+    greedy = SamplingParams(max_new_tokens=8, temperature=0.0)
+    before = engine.generate([[5, 6, 7]], greedy)[0]
+    with torch.no_grad():  # an optimizer step on a shared module: written in place
+        model.model.layers[0].mlp.up_proj.weight.mul_(3.0)
+        model.model.layers[1].self_attn.k_proj.weight.add_(0.5)
+    after = engine.generate([[5, 6, 7]], greedy)[0]
+    assert after.logprobs != before.logprobs
+    oracle = HFGenerationEngine(model, tokenizer, decoder="hf").generate([[5, 6, 7]], greedy)[0]
+    assert after.completion_ids == oracle.completion_ids
+    engine.load_weights(tiny("llama", seed=9).state_dict(), 1)
+    fresh = HFGenerationEngine(tiny("llama", seed=9), tokenizer, decoder="hf")
+    assert engine.generate([[5, 6, 7]], greedy)[0].completion_ids == \
+        fresh.generate([[5, 6, 7]], greedy)[0].completion_ids
+
+
+def test_other_architectures_fall_back_to_the_module_forward(tokenizer):
+    gpt2 = tiny("gpt2")
+    assert "gpt2" in unsupported_reason(gpt2)
+    with pytest.raises(ValueError, match="StaticDecoder"):
+        StaticDecoder(gpt2)
+    engine = HFGenerationEngine(gpt2, tokenizer)
+    assert engine.decoder == "hf"
+    assert len(engine.generate([[5, 6]], SamplingParams(max_new_tokens=3))[0].completion_ids) \
+        >= 1
+    with pytest.raises(ValueError, match="decoder"):
+        HFGenerationEngine(gpt2, tokenizer, decoder="fast")
