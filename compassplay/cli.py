@@ -21,7 +21,7 @@ from compassplay.run.interrupt import EXIT_CODE
 
 # The config `run` and `config show` use without --config (compassplay/configs/default.yaml)
 DEFAULT_CONFIG = "default"
-BENCHES = ("scorer", "sandbox", "generate", "tasks", "pipeline", "gpu", "run")
+BENCHES = ("scorer", "sandbox", "generate", "step", "tasks", "pipeline", "gpu", "run")
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:

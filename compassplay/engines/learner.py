@@ -243,13 +243,14 @@ class PolicyLearner(Learner):
             b = pack([trajs[i].generation for i in chunk], device=dev)
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
             logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],
-                                               b["targets"])
+                                               b["targets"], b["mask"])
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref = token_logprobs(self.ref_model, b["input_ids"].to(self._ref_dev()),
                                          b["attention_mask"].to(self._ref_dev()),
-                                         b["targets"].to(self._ref_dev())).to(dev)
+                                         b["targets"].to(self._ref_dev()),
+                                         b["mask"].to(self._ref_dev())).to(dev)
             terms = ppo_loss(logp, b["old_logp"], a, b["mask"], self.cfg.clip_eps, ref,
                              self.cfg.kl_coef, normalizer=max(total, 1.0))
             slot.backward(terms.loss * (weight * self.world_size), last=c == len(mine) - 1)

@@ -9,6 +9,9 @@ import torch
 from compassplay.records import Generation
 
 ENTROPY_ROWS = 1024  # positions per chunk of the entropy computation
+# architectures whose logits are their output embedding applied to the base model's last
+# hidden state (no scaling or soft-capping): only the positions that count need the head
+HEAD_ON_HIDDEN_TYPES = ("llama", "qwen2", "gpt2")
 
 
 def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device | None = None
@@ -40,19 +43,47 @@ def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device
 
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
-                   attention_mask: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(targets[:, t] | input_ids[:, :t+1]) at temperature 1, float32 [B, L-1] (nats)."""
-    return token_logprobs_entropy(model, input_ids, attention_mask, targets)[0]
+                   attention_mask: torch.Tensor, targets: torch.Tensor,
+                   positions: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(targets[:, t] | input_ids[:, :t+1]) at temperature 1, float32 [B, L-1] (nats).
+    positions: see `token_logprobs_entropy`."""
+    return token_logprobs_entropy(model, input_ids, attention_mask, targets, positions)[0]
+
+
+def head_on_hidden(model: torch.nn.Module) -> bool:
+    """Whether `model`'s logits are its output embedding on the base model's hidden states
+    (a transformers model itself: a wrapper such as DeepSpeed's engine runs its own forward)."""
+    from transformers import PreTrainedModel
+
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    return isinstance(model, PreTrainedModel) and kind in HEAD_ON_HIDDEN_TYPES and \
+        model.get_output_embeddings() is not None
 
 
 def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
-                           attention_mask: torch.Tensor, targets: torch.Tensor
+                           attention_mask: torch.Tensor, targets: torch.Tensor,
+                           positions: torch.Tensor | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`token_logprobs`, the policy's entropy at each position), both float32 [B, L-1] in
-    nats at temperature 1; the entropy is detached (a logged statistic, no gradient)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
-    return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy_of(logp_all)
+    nats at temperature 1; the entropy is detached (a logged statistic, no gradient).
+
+    positions: [B, L-1], nonzero where the values are needed (the completion tokens). Where
+    the architecture allows (`head_on_hidden`) only those rows go through the vocabulary head
+    and its log-softmax (a prompt of 500 tokens before a completion of 20 would otherwise be
+    ~96% of that work), and the other positions are 0; else every position is computed."""
+    if positions is None or not head_on_hidden(model):
+        logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                       use_cache=False).logits
+        logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
+        return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy_of(logp_all)
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                              use_cache=False).last_hidden_state
+    sel = positions.bool()
+    logp_all = torch.log_softmax(model.get_output_embeddings()(hidden[:, :-1][sel]).float(),
+                                 dim=-1)                                   # [N, V]
+    lp = logp_all.gather(-1, targets[sel][:, None]).squeeze(-1)
+    zeros = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device)
+    return zeros.masked_scatter(sel, lp), zeros.masked_scatter(sel, entropy_of(logp_all))
 
 
 @torch.no_grad()

@@ -64,4 +64,54 @@ def test_bench_generate_both_engines_same_prompts_side_by_side(monkeypatch):
     assert len(workdirs) == 2 and not any(os.path.exists(w) for w in workdirs)  # cleaned up
     assert (hf["engine"], hf["device"], vllm["engine"], vllm["device"]) == (
         "hf", "cpu", "vllm", "cpu")
-    assert seen["hf"] == seen["vllm"] and vllm["tokens_per_s"] > 0
+    assert seen["hf"][-1] == seen["vllm"][-1] and vllm["tokens_per_s"] > 0
+    assert {tuple(map(tuple, p)) for p in seen["hf"]} == {tuple(map(tuple, p))
+                                                          for p in seen["vllm"]}
+    assert hf["fraction_of_bound"] > 0 and vllm["fraction_of_bound"] > 0
+
+
+def test_bench_generate_decoders_agree_and_carry_their_bound():
+    """`hf` (static decoder) and `hf-module` on the same prompts: greedy outputs compared, and
+    both measured against one bound measured in the same run."""
+    out = generate.run(_args("--engine", "hf", "--batch-size", "3", "--new-tokens", "6",
+                             "--prompt-tokens", "5", "--reps", "1"))
+    alone = out["results"][0]
+    assert "greedy_equal_to" not in alone  # nothing to compare with
+    b = out["bounds"]["micro"]
+    assert 0 < b["prefill_s"] < b["bound_s"] <= b["roofline_s"]
+    assert b["weight_stream_s"] > 0 and b["matmul_gflop_per_s"] > 0
+    assert alone["fraction_of_bound"] == pytest.approx(b["bound_s"] / alone["seconds"])
+    parser = argparse.ArgumentParser()
+    generate.add_arguments(parser)
+    args = parser.parse_args(["--batch-size", "3", "--new-tokens", "6", "--prompt-tokens", "5",
+                              "--reps", "1"])
+    results = [generate.bench_one(k, "micro", args) for k in ("hf", "hf-module")]
+    generate.with_bound(results, b)
+    assert results[1]["greedy_equal_to"] == {"engine": "hf", "sequences": 1.0, "tokens": 1.0}
+
+
+def test_greedy_agreement_counts_sequences_and_positions():
+    assert generate.greedy_agreement([[1, 2, 3], [4, 5]], [[1, 2, 9], [4, 5]]) == {
+        "sequences": 0.5, "tokens": 0.8}
+
+
+def test_roofline_counts_follow_the_model():
+    from compassplay.bench import roofline
+    from compassplay.config import ModelSection
+    from compassplay.models import load_model
+
+    model, _ = load_model(ModelSection(source="tiny"))
+    s = roofline.shape_of(model)
+    linear = sum(m.weight.numel() for m in model.model.layers.modules()
+                 if isinstance(m, torch.nn.Linear))
+    assert s.block_params == linear
+    assert s.weight_bytes == 4 * sum(p.numel() for p in model.parameters())  # tied once
+    one = roofline.transformer_flops(s, 1, 0, 0)
+    assert one == 2 * linear
+    assert roofline.transformer_flops(s, 2, 10, 1) == 2 * one + 40 * s.layers * s.heads * \
+        s.head_dim + 2 * s.vocab * s.hidden
+    short = roofline.generation_bounds(s, 2, 8, 4, 1e-3, 1e9)
+    long = roofline.generation_bounds(s, 2, 8, 8, 1e-3, 1e9)
+    assert long["decode_stream_s"] == pytest.approx(7e-3) and short["decode_stream_s"] == \
+        pytest.approx(3e-3)
+    assert long["roofline_s"] >= long["bound_s"] > short["bound_s"]

@@ -1,0 +1,230 @@
+"""`compassplay bench step`: a run's stages beside what the machine allows, in one run.
+
+Runs `--config` (default: the shipped default job) for `--steps` steps on the in-process
+executor, recording the work each stage does at its real shapes: every generate call (rows,
+padded prompt width, tokens generated), every learner pass (packed batch shape, loss tokens,
+how many blocks the backward crosses) and every scorer loss (batch shape, head columns kept,
+the blocks its gradient spans). Beside each stage's seconds (the run's `stage_seconds`) it
+reports the stage's bound, measured in the same process (`bench.roofline`): FLOPs at a plain
+matmul's rate at the stage's shapes, plus one weight stream per decode step for generation,
+and `fraction_of_bound` = bound / seconds. Counted FLOPs: 2 per weight per token for the
+blocks, the attention's score and value products, the vocabulary head where logits are taken;
+a backward costs twice the forward of the blocks it crosses plus the head's input gradient.
+Not counted: norms, rotary, softmax and other element-wise work, the verifiers (stages
+validate and grade run Python programs, no matmuls).
+
+`--baseline` runs the engine of 2026-12-02 in the same process afterwards for comparison:
+generation on the module's own forward (`decoder="hf"`) and the learner's vocabulary head
+over every position, and reports it beside.
+
+    compassplay bench step --json [--steps 2] [--baseline] [KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from compassplay.bench import roofline
+
+GENERATION_STAGES = {"propose": "proposer", "solve": "solver"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `bench step`."""
+    parser.add_argument("--config", default="default", help="shipped name or YAML path")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--baseline", action="store_true",
+                        help="also run the 2026-12-02 engine (module forward, full head)")
+    parser.add_argument("overrides", nargs="*", help="dotted KEY=VALUE overrides")
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+
+
+class Ledger:
+    """Work records per stage: lists of dicts, appended by the wrappers of `instrumented`."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[dict[str, Any]]] = {"generate": [], "learn": [],
+                                                       "score": []}
+        self.shape: roofline.ModelShape | None = None
+        self.model: torch.nn.Module | None = None
+
+
+def _crossed_layers(model: torch.nn.Module, names: set[str] | None) -> int:
+    """Blocks a backward crosses: from the lowest block holding a trained parameter up."""
+    lowest = None
+    for name, p in model.named_parameters():
+        trained = p.requires_grad if names is None else name in names
+        if trained and ".layers." in name:
+            idx = int(name.split(".layers.")[1].split(".")[0])
+            lowest = idx if lowest is None else min(lowest, idx)
+    layers = len(model.base_model.layers) if hasattr(model.base_model, "layers") else 0
+    return 0 if lowest is None else layers - lowest
+
+
+@contextlib.contextmanager
+def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
+    """Wrap the engine's generate, the learner's log-probs and the scorer's losses so that
+    each call appends its shapes to `ledger` (and, with `baseline`, runs the old paths)."""
+    from compassplay.engines import hf_generation, learner
+    from compassplay.rewards import batch as score_batch
+    from compassplay.rewards import gradient, per_sample
+
+    loss_users = (score_batch, gradient, per_sample)  # each holds its own name for it
+
+    orig_init = hf_generation.HFGenerationEngine.__init__
+    orig_gen = hf_generation.HFGenerationEngine.generate
+    orig_lp = learner.token_logprobs_entropy
+    orig_loss = score_batch.batch_losses
+
+    def init(self, model, tokenizer, *a, **kw):
+        if baseline:
+            kw["decoder"] = "hf"
+        orig_init(self, model, tokenizer, *a, **kw)
+        if ledger.shape is None:
+            ledger.shape, ledger.model = roofline.shape_of(model), model
+
+    def generate(self, prompts, params):
+        out = orig_gen(self, prompts, params)
+        ledger.calls["generate"].append({
+            "rows": len(prompts), "width": max(map(len, prompts)),
+            "prompt_tokens": sum(map(len, prompts)),
+            "steps": max((len(g.completion_ids) for g in out), default=0)})
+        return out
+
+    def logprobs(model, input_ids, attention_mask, targets, positions=None):
+        n_loss = int(positions.sum()) if positions is not None else targets.numel()
+        if model.training and any(p.requires_grad for p in model.parameters()):
+            ledger.calls["learn"].append({
+                "rows": int(input_ids.shape[0]), "width": int(input_ids.shape[1]),
+                "head_rows": targets.numel() if baseline or positions is None else n_loss,
+                "loss_rows": n_loss, "crossed": _crossed_layers(model, None)})
+        return orig_lp(model, input_ids, attention_mask, targets,
+                       None if baseline else positions)
+
+    def losses(model, batch, all_logits=False, inputs_embeds=None):
+        out = orig_loss(model, batch, all_logits, inputs_embeds)
+        keep = score_batch._kept_columns(model, batch) if not all_logits else None
+        n, width = batch.ids.shape
+        ledger.calls["score"].append({"rows": int(n), "width": int(width),
+                                      "head_rows": int(n * (keep or width)),
+                                      "grad": out.requires_grad})
+        return out
+
+    hf_generation.HFGenerationEngine.__init__ = init
+    hf_generation.HFGenerationEngine.generate = generate
+    learner.token_logprobs_entropy = logprobs
+    for mod in loss_users:
+        mod.batch_losses = losses
+    try:
+        yield
+    finally:
+        hf_generation.HFGenerationEngine.__init__ = orig_init
+        hf_generation.HFGenerationEngine.generate = orig_gen
+        learner.token_logprobs_entropy = orig_lp
+        for mod in loss_users:
+            mod.batch_losses = orig_loss
+
+
+def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: int
+                 ) -> dict[str, float]:
+    """Bound seconds per stage from the ledger: "generate" (propose and solve together),
+    "learn", "score"."""
+    s = ledger.shape
+    assert s is not None
+    per_layer = s.block_params / s.layers
+
+    def fwd(rows: int, width: int, head_rows: int) -> float:
+        return roofline.transformer_flops(s, rows * width, rows * width * (width + 1) / 2,
+                                          head_rows)
+
+    def bwd(rows: int, width: int, head_rows: int, crossed: int) -> float:
+        blocks = 2.0 * (2.0 * per_layer * crossed * rows * width
+                        + 4.0 * crossed * s.heads * s.head_dim * rows * width * (width + 1) / 2)
+        return blocks + 2.0 * s.vocab * s.hidden * head_rows
+
+    gen = sum(roofline.generation_bounds(s, c["rows"], c["width"], c["steps"], stream_s,
+                                         rate)["bound_s"] for c in ledger.calls["generate"])
+    learn = sum(fwd(c["rows"], c["width"], c["head_rows"])
+                + bwd(c["rows"], c["width"], c["head_rows"], c["crossed"])
+                for c in ledger.calls["learn"]) / rate
+    score = sum(fwd(c["rows"], c["width"], c["head_rows"])
+                + (bwd(c["rows"], c["width"], c["head_rows"], score_crossed) if c["grad"]
+                   else 0.0) for c in ledger.calls["score"]) / rate
+    return {"generate": gen, "learn": learn, "score": score}
+
+
+def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
+    from compassplay.config import load_config
+    from compassplay.rewards.local_reference import select_params
+    from compassplay.run.launch import launch_run
+
+    overrides = [f"pipeline.steps={args.steps}", "logging.progress=false", *args.overrides]
+    ledger = Ledger()
+    with tempfile.TemporaryDirectory(prefix="compassplay-bench-step-") as tmp:
+        cfg = load_config(args.config, [f"run.output_dir={tmp}", *overrides])
+        t0 = time.perf_counter()
+        with instrumented(ledger, baseline):
+            run_dir = launch_run(cfg, executor="local")
+        wall = time.perf_counter() - t0
+        rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").open()
+                if '"stage_seconds"' in line]
+    model = ledger.model
+    assert model is not None and ledger.shape is not None
+    inter = int(getattr(model.config, "intermediate_size", 4 * ledger.shape.hidden))
+    stream = roofline.stream_seconds(model)
+    rate = roofline.matmul_rate(2048, ledger.shape.hidden, inter)
+    names = set(select_params(model, cfg.scorer.params))
+    bounds = stage_bounds(ledger, stream, rate, _crossed_layers(model, names))
+    stage = {k: sum(r["stage_seconds"].get(k, 0.0) for r in rows) for k in
+             ("propose", "solve", "validate", "grade", "score", "learn")}
+    gen_s = stage["propose"] + stage["solve"]
+    return {
+        "baseline": baseline, "steps": len(rows), "wall_s": wall,
+        "step_seconds": [r["step_seconds"] for r in rows],
+        "step_seconds_median": statistics.median(r["step_seconds"] for r in rows),
+        "stage_seconds": stage, "valid": [r["valid"] for r in rows],
+        "eligible": [r["eligible"] for r in rows],
+        "weight_stream_s": stream, "matmul_gflop_per_s": rate / 1e9,
+        "bound_s": bounds,
+        "fraction_of_bound": {"generate": bounds["generate"] / gen_s if gen_s else None,
+                              "learn": bounds["learn"] / stage["learn"] if stage["learn"]
+                              else None,
+                              "score": bounds["score"] / stage["score"] if stage["score"]
+                              else None},
+        "work": {k: len(v) for k, v in ledger.calls.items()}}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The run (and with --baseline the old engine's run after it) as one JSON object."""
+    out = _one_run(args, baseline=False)
+    if args.baseline:
+        base = _one_run(args, baseline=True)
+        out["baseline_run"] = base
+        out["speedup"] = {k: base["stage_seconds"][k] / out["stage_seconds"][k]
+                          for k in ("propose", "solve", "learn", "score")
+                          if out["stage_seconds"][k]}
+        out["speedup"]["step"] = base["step_seconds_median"] / out["step_seconds_median"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from compassplay.bench.stdout_guard import stdout_to_stderr
+
+    parser = argparse.ArgumentParser(prog="compassplay bench step", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    with stdout_to_stderr() if args.json else contextlib.nullcontext():
+        out = run(args)
+    print(json.dumps(out, indent=1))
+    return 0
