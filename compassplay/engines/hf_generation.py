@@ -28,19 +28,36 @@ from compassplay.records import Generation
 log = logging.getLogger(__name__)
 
 
+TOP_P_CANDIDATES = 1024  # top-p looks among this many most likely tokens first
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One index per row drawn with probability proportional to probs [B, N] (>= 0): inverse
+    CDF with one uniform per row (float64 sums), where `torch.multinomial` draws an exponential
+    per vocabulary entry (22 ms a step at 16 x 49k on 2 cores). -> [B] int64."""
+    cum = probs.double().cumsum(dim=-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device,
+                   dtype=torch.float64) * cum[:, -1:]
+    return torch.searchsorted(cum, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
+
+
 def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
                 generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row. logits: [B, V] float32 -> token ids [B] (int64)."""
+    """Draw one token per row. logits: [B, V] float32 -> token ids [B] (int64). Top-p keeps
+    the smallest prefix of tokens by probability whose mass reaches top_p; it is looked for
+    among the `TOP_P_CANDIDATES` likeliest first (the same nucleus when their mass reaches
+    top_p, which `topk` finds without sorting the vocabulary), else in the full sort."""
     if temperature == 0.0:
         return logits.argmax(dim=-1)
     probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1.0:
+    if top_p >= 1.0:
+        return draw(probs, generator)
+    sorted_p, order = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1)
+    if not bool((sorted_p.sum(dim=-1) >= top_p).all()):
         sorted_p, order = probs.sort(dim=-1, descending=True)
-        cum = sorted_p.cumsum(dim=-1)
-        drop = (cum - sorted_p) >= top_p  # keep the smallest prefix whose mass reaches top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
+    return order.gather(-1, draw(sorted_p.masked_fill(drop, 0.0), generator)[:, None]
+                        ).squeeze(-1)
 
 
 def kv_cache_of(out: Any) -> Any:

@@ -66,3 +66,29 @@ def test_top_p_keeps_nucleus():
     draws = {int(sample_next(logits, 1.0, 0.7, gen)) for _ in range(200)}
     assert draws == {0, 1}
     assert int(sample_next(logits, 0.0, 1.0, gen)) == 0
+
+
+def test_draw_follows_the_probabilities_and_never_a_zero():
+    from compassplay.engines.hf_generation import draw
+
+    probs = torch.tensor([[0.5, 0.3, 0.0, 0.2]]).repeat(20000, 1)
+    got = draw(probs, torch.Generator().manual_seed(0))
+    freq = torch.bincount(got, minlength=4).double() / len(got)
+    assert freq[2] == 0
+    torch.testing.assert_close(freq, probs[0].double(), atol=0.012, rtol=0)
+    again = draw(probs, torch.Generator().manual_seed(0))
+    assert torch.equal(got, again)  # seeded
+
+
+def test_top_p_among_candidates_is_the_full_sort_nucleus(monkeypatch):
+    from compassplay.engines import hf_generation
+
+    logits = torch.randn(8, 3000, generator=torch.Generator().manual_seed(1)) * 3
+    def nucleus(k):
+        monkeypatch.setattr(hf_generation, "TOP_P_CANDIDATES", k)
+        gen = torch.Generator().manual_seed(2)
+        return [sample_next(logits, 0.8, 0.9, gen) for _ in range(50)]
+    few, full = nucleus(64), nucleus(3000)   # 64: the mass falls short, the full sort runs
+    many = nucleus(2500)
+    assert all(torch.equal(a, b) for a, b in zip(full, many, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(full, few, strict=True))
