@@ -63,7 +63,7 @@ def _engine(kind: str, name: str, device: str, seed: int,
     if kind in ("hf", "hf-module"):
         from compassplay.engines.hf_generation import HFGenerationEngine
 
-        decoder = "static" if kind == "hf" else "hf"
+        decoder = "auto" if kind == "hf" else "hf"
         return HFGenerationEngine(model.to(device), tok, eos_token_id=-1,
                                   decoder=decoder), vocab
     from compassplay.engines.vllm_generation import VLLMGenerationEngine, import_vllm

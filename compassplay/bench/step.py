@@ -14,8 +14,9 @@ Not counted: norms, rotary, softmax and other element-wise work, the verifiers (
 validate and grade run Python programs, no matmuls).
 
 `--baseline` runs the engine of 2026-12-02 in the same process afterwards for comparison:
-generation on the module's own forward (`decoder="hf"`) and the learner's vocabulary head
-over every position, and reports it beside.
+generation on the module's own forward (`decoder="hf"`), one generate call per template, and
+the learner's vocabulary head over every position (today's sampler, which draws by inverse
+CDF, in both), and reports it beside.
 
     compassplay bench step --json [--steps 2] [--baseline] [KEY=VALUE ...]
 """
@@ -76,13 +77,14 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
     """Wrap the engine's generate, the learner's log-probs and the scorer's losses so that
     each call appends its shapes to `ledger` (and, with `baseline`, runs the old paths)."""
     from compassplay.engines import hf_generation, learner
+    from compassplay.engines.base import generate_grouped
     from compassplay.rewards import batch as score_batch
     from compassplay.rewards import gradient, per_sample
 
     loss_users = (score_batch, gradient, per_sample)  # each holds its own name for it
 
     orig_init = hf_generation.HFGenerationEngine.__init__
-    orig_gen = hf_generation.HFGenerationEngine.generate
+    orig_gen = hf_generation.HFGenerationEngine._generate_rows
     orig_lp = learner.token_logprobs_entropy
     orig_loss = score_batch.batch_losses
 
@@ -90,10 +92,12 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
         if baseline:
             kw["decoder"] = "hf"
         orig_init(self, model, tokenizer, *a, **kw)
+        if baseline:  # one call per template, as before 2026-12-03
+            self.generate_each = lambda prompts, params: generate_grouped(self, prompts, params)
         if ledger.shape is None:
             ledger.shape, ledger.model = roofline.shape_of(model), model
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params):  # every batch either generate entry samples
         out = orig_gen(self, prompts, params)
         ledger.calls["generate"].append({
             "rows": len(prompts), "width": max(map(len, prompts)),
@@ -121,7 +125,7 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
         return out
 
     hf_generation.HFGenerationEngine.__init__ = init
-    hf_generation.HFGenerationEngine.generate = generate
+    hf_generation.HFGenerationEngine._generate_rows = generate
     learner.token_logprobs_entropy = logprobs
     for mod in loss_users:
         mod.batch_losses = losses
@@ -129,7 +133,7 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
         yield
     finally:
         hf_generation.HFGenerationEngine.__init__ = orig_init
-        hf_generation.HFGenerationEngine.generate = orig_gen
+        hf_generation.HFGenerationEngine._generate_rows = orig_gen
         learner.token_logprobs_entropy = orig_lp
         for mod in loss_users:
             mod.batch_losses = orig_loss

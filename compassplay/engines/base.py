@@ -20,7 +20,8 @@ import torch
 from compassplay.records import Generation
 from compassplay.sync.versions import StaleWeightsError, check_version
 
-__all__ = ["GenerationEngine", "SamplingParams", "Segment", "StaleWeightsError", "check_version"]
+__all__ = ["GenerationEngine", "SamplingParams", "Segment", "StaleWeightsError", "check_version",
+           "generate_grouped"]
 
 FORCED_TOKENS_PER_SEGMENT = 16  # room for a segment's forced text in a reply's length cap
 
@@ -103,6 +104,13 @@ class GenerationEngine(ABC):
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         """One completion per prompt, in prompt order."""
 
+    def generate_each(self, prompts: list[list[int]], params: list[SamplingParams]
+                      ) -> list[Generation]:
+        """One completion per prompt, prompt i sampled under params[i], in prompt order. This
+        default makes one `generate` call per distinct SamplingParams (`generate_grouped`);
+        an engine that samples rows with different templates in one batch overrides it."""
+        return generate_grouped(self, prompts, params)
+
     @abstractmethod
     def load_weights(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights (HF parameter names) and set `weight_version` to `version`.
@@ -114,3 +122,24 @@ class GenerationEngine(ABC):
     @abstractmethod
     def weight_version(self) -> int:
         """Version of the weights the next `generate` call will use (0 = initial weights)."""
+
+
+def generate_grouped(engine: Any, prompts: list[list[int]], params: list[SamplingParams]
+                     ) -> list[Generation]:
+    """`engine.generate` once per distinct SamplingParams of `params` (one per prompt),
+    results in prompt order."""
+    if len(params) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+    groups: list[tuple[SamplingParams, list[int]]] = []
+    for i, p in enumerate(params):
+        for q, idx in groups:
+            if q == p:
+                idx.append(i)
+                break
+        else:
+            groups.append((p, [i]))
+    out: list[Generation | None] = [None] * len(prompts)
+    for p, idx in groups:
+        for i, gen in zip(idx, engine.generate([prompts[i] for i in idx], p), strict=True):
+            out[i] = gen
+    return out  # type: ignore[return-value]

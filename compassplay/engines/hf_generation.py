@@ -1,6 +1,6 @@
 """HF transformers generation engine (CPU and GPU): left-padded batches, KV-cache sampling loop.
 
-Two decoders run the model. "static" (the default, for Llama and Qwen2 modules):
+Two decoders run the model. "static" (the default on CPU, for Llama and Qwen2 modules):
 `engines.static_decoder`, the same arithmetic on the module's weights with a preallocated KV
 cache, fused matmuls and, on CPU, MKL-packed weights for the decode steps (greedy outputs equal
 the "hf" decoder's; docs/measurements/generation-speed-2026-12-03). "hf": the module's own
@@ -13,6 +13,7 @@ temperature 1, no top-p). Sampling draws from a `torch.Generator` seeded by
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import threading
@@ -107,7 +108,7 @@ class ModuleDecoder:
         return out.logits[:, -1, :].float()
 
 
-DECODERS = ("static", "hf")
+DECODERS = ("auto", "static", "hf")
 
 
 class HFGenerationEngine(GenerationEngine):
@@ -117,13 +118,15 @@ class HFGenerationEngine(GenerationEngine):
     token is kept in `completion_ids`, finish_reason "stop"); so does a stop string;
     reaching `max_new_tokens` gives finish_reason "length". `text` decodes `completion_ids`
     without special tokens and so includes a matched stop string.
-    decoder: "static" (`StaticDecoder`, where the architecture allows; else "hf" with a log
-    line) or "hf" (`ModuleDecoder`).
+    decoder: "auto" (the default: "static" for a supported architecture on CPU, else "hf";
+    on a GPU the fused weight copies would cost memory the memory plan does not reserve, and
+    the GPU configs generate with vLLM), "static" (`StaticDecoder` on any device, "hf" with a
+    log line where the architecture is not supported) or "hf" (`ModuleDecoder`).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, pad_token_id: int | None = None,
                  eos_token_id: int | list[int] | None = None, weight_version: int = 0,
-                 decoder: str = "static") -> None:
+                 decoder: str = "auto") -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder: unknown decoder {decoder!r} (expected one of "
                              f"{DECODERS})")
@@ -140,6 +143,9 @@ class HFGenerationEngine(GenerationEngine):
         self.template_eos = eos_list[0] if eos_list else None  # forced after a template
         self._version = weight_version
         self._lock = threading.RLock()
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        if decoder == "auto":
+            decoder = "static" if on_cpu and unsupported_reason(model) is None else "hf"
         why = unsupported_reason(model) if decoder == "static" else None
         if why is not None:
             log.info("generation: the static decoder cannot run this model (%s); using the "
@@ -183,8 +189,30 @@ class HFGenerationEngine(GenerationEngine):
         text = self.tokenizer.decode(ids[-window:], skip_special_tokens=True)
         return any(s and s in text for s in stop)
 
-    @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        return self._generate_rows(prompts, [params] * len(prompts))
+
+    def generate_each(self, prompts: list[list[int]], params: list[SamplingParams]
+                      ) -> list[Generation]:
+        """Rows whose SamplingParams differ only in template, seed and length cap (each a
+        template's own) are sampled in one batch: each row follows its own template and cap,
+        and the draws come from one generator seeded by the first row's seed. Others: one
+        call per distinct SamplingParams."""
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} SamplingParams")
+        if not params:
+            return []
+        head = params[0]
+        same = all(dataclasses.replace(p, template=head.template, seed=head.seed,
+                                       max_new_tokens=head.max_new_tokens) == head
+                   for p in params)
+        if not same or any(bool(p.template) != bool(head.template) for p in params):
+            return super().generate_each(prompts, params)
+        return self._generate_rows(prompts, params)
+
+    @torch.no_grad()
+    def _generate_rows(self, prompts: list[list[int]], params: list[SamplingParams]
+                       ) -> list[Generation]:
         if not prompts:
             return []
         if any(len(p) == 0 for p in prompts):
@@ -204,9 +232,14 @@ class HFGenerationEngine(GenerationEngine):
                                    text=text, weight_version=version, finish_reason=reason))
         return gens
 
-    def _sample(self, prompts: list[list[int]], params: SamplingParams
+    def _sample(self, prompts: list[list[int]], rows: list[SamplingParams]
                 ) -> tuple[list[tuple[list[int], list[float]]], list[str]]:
-        """The KV-cache loop. Returns per prompt (completion ids, log-probs) and finish reasons."""
+        """The KV-cache loop: row i under rows[i] (equal but for template, seed and cap; the
+        first row's seed seeds the draws). Returns per prompt (completion ids, log-probs) and
+        finish reasons."""
+        params = rows[0]
+        caps = [p.max_new_tokens for p in rows]
+        longest = max(caps)
         dev = self.device
         bsz, width = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((bsz, width), self.pad_token_id, dtype=torch.long)
@@ -220,12 +253,12 @@ class HFGenerationEngine(GenerationEngine):
         lps: list[list[float]] = [[] for _ in range(bsz)]
         reasons = ["length"] * bsz
         done = [False] * bsz
-        cursors = [self._cursor(params) for _ in range(bsz)] if params.template else None
+        cursors = [self._cursor(p) for p in rows] if params.template else None
         eos_cols = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=dev)
         dec = self._decoder
         dec.refresh_if_changed()
-        logits = dec.start(ids, pad, width + params.max_new_tokens)
-        for step in range(params.max_new_tokens):
+        logits = dec.start(ids, pad, width + longest)
+        for step in range(longest):
             if cursors is None:
                 tok = sample_next(logits, params.temperature, params.top_p, gen)
             else:  # templated: no end-of-sequence inside a segment; forced tokens override
@@ -252,7 +285,9 @@ class HFGenerationEngine(GenerationEngine):
                         done[i], reasons[i] = True, "stop"
                 elif tok_l[i] in self.eos_token_ids or self._stopped(comp[i], params.stop):
                     done[i], reasons[i] = True, "stop"
-            if all(done) or step == params.max_new_tokens - 1:
+                if not done[i] and len(comp[i]) >= caps[i]:
+                    done[i] = True  # reason stays "length"
+            if all(done) or step == longest - 1:
                 break
             nxt = torch.tensor([self.pad_token_id if d else t for d, t in zip(done, tok_l,
                                                                               strict=True)],

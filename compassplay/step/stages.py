@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from compassplay.config import RewardSection, RunConfig
-from compassplay.engines.base import GenerationEngine, SamplingParams, Segment
+from compassplay.engines.base import GenerationEngine, SamplingParams, Segment, generate_grouped
 from compassplay.engines.learner import LearnerStats
 from compassplay.envs.interface import Environment
 from compassplay.records import (
@@ -105,18 +105,18 @@ def _local_reference_seed(env: Environment, tokenizer, cfg: RunConfig, task: Tas
 
 def _generate(engine: GenerationEngine, prompts: list[list[int]],
               templates: list[tuple[Segment, ...]], section, seed: int) -> list[Generation]:
-    """One generate call per distinct template (one call in all when they are equal), results
-    in prompt order. Each call's seed is derived from `seed` and its first prompt's index."""
-    groups: dict[tuple[Segment, ...], list[int]] = {}
+    """Prompt i under templates[i], results in prompt order (`GenerationEngine.generate_each`:
+    the HF engine samples every row in one batch, others make one call per template). The
+    seed of a template's rows is derived from `seed` and its first prompt's index (`seed`
+    itself when all templates are equal); a one-batch call uses the first row's."""
+    first: dict[tuple[Segment, ...], int] = {}
     for i, tpl in enumerate(templates):
-        groups.setdefault(tpl, []).append(i)
-    out: list[Generation | None] = [None] * len(prompts)
-    for tpl, idx in groups.items():
-        sub_seed = seed if len(groups) == 1 else (seed + 7919 * idx[0]) % (1 << 31)
-        params = SamplingParams.from_section(section, seed=sub_seed, template=tpl)
-        for i, gen in zip(idx, engine.generate([prompts[i] for i in idx], params), strict=True):
-            out[i] = gen
-    return out  # type: ignore[return-value]
+        first.setdefault(tpl, i)
+    params = [SamplingParams.from_section(
+        section, seed=seed if len(first) == 1 else (seed + 7919 * first[tpl]) % (1 << 31),
+        template=tpl) for tpl in templates]
+    each = getattr(engine, "generate_each", None)  # duck-typed engines: one call per group
+    return each(prompts, params) if each else generate_grouped(engine, prompts, params)
 
 
 def validate(env: Environment, tasks: list[Task]) -> list[Task]:

@@ -101,6 +101,7 @@ def test_other_architectures_fall_back_to_the_module_forward(tokenizer):
         StaticDecoder(gpt2)
     engine = HFGenerationEngine(gpt2, tokenizer)
     assert engine.decoder == "hf"
+    assert HFGenerationEngine(gpt2, tokenizer, decoder="static").decoder == "hf"  # logged
     assert len(engine.generate([[5, 6]], SamplingParams(max_new_tokens=3))[0].completion_ids) \
         >= 1
     with pytest.raises(ValueError, match="decoder"):

@@ -133,3 +133,51 @@ def test_engine_never_closes_a_block_at_once(model, tokenizer):
     for g in gens:
         assert g.completion_ids[0] != fence
         assert g.completion_ids[1:] == tokenizer.encode("```", add_special_tokens=False) + [EOS]
+
+
+def test_rows_with_different_templates_share_one_batch(model, tokenizer, monkeypatch):
+    """generate_each: each row follows its own template and cap in one sampling loop; the
+    base engine's default makes one generate call per distinct SamplingParams instead."""
+    from compassplay.engines.base import GenerationEngine
+
+    eng = HFGenerationEngine(model, tokenizer)
+    calls = []
+    real = eng._generate_rows
+    monkeypatch.setattr(eng, "_generate_rows", lambda p, r: calls.append(len(p)) or real(p, r))
+    one = (Segment("```", "\n", 5),)
+    two = (Segment("```", "\n```input\n", 6), Segment("```", "", 4))
+    params = [SamplingParams(max_new_tokens=n, seed=s, template=t)
+              for n, s, t in [(30, 1, one), (40, 2, two), (30, 1, one)]]
+    prompts = [[5, 6], [7, 8, 9], [10]]
+    gens = eng.generate_each(prompts, params)
+    assert calls == [3]
+    assert [g.text.count("```") for g in gens] == [1, 3, 1]
+    assert all(g.finish_reason == "stop" for g in gens)
+    assert [g.completion_ids for g in eng.generate_each(prompts, params)] == \
+        [g.completion_ids for g in gens]  # seeded by the first row
+    free = [SamplingParams(max_new_tokens=n, seed=0) for n in (3, 7)]
+    capped = eng.generate_each([[5], [6]], free)
+    assert len(capped[0].completion_ids) <= 3 and len(capped[1].completion_ids) <= 7
+    assert any(g.finish_reason == "length" for g in capped) or all(
+        g.completion_ids[-1] == EOS for g in capped)
+    assert calls[-1] == 2
+
+    class Recording(GenerationEngine):
+        def __init__(self):
+            self.seen = []
+
+        def generate(self, prompts, params):
+            self.seen.append((prompts, params.seed))
+            return eng.generate(prompts, params)
+
+        def load_weights(self, state, version):
+            raise AssertionError
+
+        @property
+        def weight_version(self):
+            return 0
+
+    rec = Recording()
+    out = rec.generate_each(prompts, params)
+    assert sorted(len(p) for p, _ in rec.seen) == [1, 2] and len(out) == 3
+    assert [p for p, _ in rec.seen][0] == [[5, 6], [10]]
