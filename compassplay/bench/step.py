@@ -72,6 +72,14 @@ def _crossed_layers(model: torch.nn.Module, names: set[str] | None) -> int:
     return 0 if lowest is None else layers - lowest
 
 
+def spec_layers(spec: str | list[str], layers: int) -> int:
+    """Blocks a gradient over the parameter spec `spec` crosses: K for "last:K", every block
+    for "all" or name globs (an upper bound on the work, so a lower fraction)."""
+    if isinstance(spec, str) and spec.startswith("last:"):
+        return min(int(spec.split(":", 1)[1]), layers)
+    return layers
+
+
 @contextlib.contextmanager
 def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
     """Wrap the engine's generate, the learner's log-probs and the scorer's losses so that
@@ -169,7 +177,6 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
 
 def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
     from compassplay.config import load_config
-    from compassplay.rewards.local_reference import select_params
     from compassplay.run.launch import launch_run
 
     overrides = [f"pipeline.steps={args.steps}", "logging.progress=false", *args.overrides]
@@ -187,8 +194,8 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
     inter = int(getattr(model.config, "intermediate_size", 4 * ledger.shape.hidden))
     stream = roofline.stream_seconds(model)
     rate = roofline.matmul_rate(2048, ledger.shape.hidden, inter)
-    names = set(select_params(model, cfg.scorer.params))
-    bounds = stage_bounds(ledger, stream, rate, _crossed_layers(model, names))
+    bounds = stage_bounds(ledger, stream, rate, spec_layers(cfg.scorer.params,
+                                                            ledger.shape.layers))
     stage = {k: sum(r["stage_seconds"].get(k, 0.0) for r in rows) for k in
              ("propose", "solve", "validate", "grade", "score", "learn")}
     gen_s = stage["propose"] + stage["solve"]

@@ -40,3 +40,8 @@ def test_backward_bound_counts_only_the_crossed_blocks():
     # forward 2*400*2 + attention 4*4*2*4*3 + head 2*10*8; backward twice the blocks
     assert frozen == pytest.approx(1600 + 384 + 160 + 160)
     assert full - frozen == pytest.approx(2 * (1600 + 384))
+
+
+def test_spec_layers():
+    assert step.spec_layers("last:6", 30) == 6 and step.spec_layers("last:60", 30) == 30
+    assert step.spec_layers("all", 30) == 30 and step.spec_layers(["*.mlp.*"], 4) == 4

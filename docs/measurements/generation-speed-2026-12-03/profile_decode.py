@@ -1,6 +1,7 @@
 """Where a decode step goes: torch.profiler self-CPU time per op, grouped, for the HF
-engine's two decoders at the bench shapes (SmolLM2-135M, float32, 2 threads), and the share
-of a whole templated generate call spent outside torch ops (the engine's Python per token).
+engine's two decoders at the bench shapes (SmolLM2-135M, float32, 2 threads), from the end of
+the prefill to the call's return (greedy), with the time outside torch ops (the engine's
+Python per token and the profiler's own cost per op).
 
     .venv/bin/python docs/measurements/generation-speed-2026-12-03/profile_decode.py
 """
@@ -37,12 +38,25 @@ def group_of(name: str) -> str:
 
 
 def profile_steps(engine, prompts, new):
-    params = SamplingParams(max_new_tokens=new, temperature=0.0)
-    engine.generate(prompts, SamplingParams(max_new_tokens=2))
-    t0 = time.perf_counter()
-    with profile() as prof:
-        engine.generate(prompts, params)
-    wall = time.perf_counter() - t0
+    """Profile a greedy generate call from the end of its prefill to its return: the decode
+    steps with all the engine's per-token work. Returns (seconds, self-CPU s by group)."""
+    engine.generate(prompts, SamplingParams(max_new_tokens=2))  # warm-up (packs weights)
+    dec, prof, clock = engine._decoder, profile(), {}
+    real_start = dec.start
+
+    def start(*args):
+        out = real_start(*args)
+        prof.start()
+        clock["t0"] = time.perf_counter()
+        return out
+
+    dec.start = start
+    try:
+        engine.generate(prompts, SamplingParams(max_new_tokens=new, temperature=0.0))
+        wall = time.perf_counter() - clock["t0"]
+        prof.stop()
+    finally:
+        dec.start = real_start
     by = {}
     for e in prof.key_averages():
         by[group_of(e.key)] = by.get(group_of(e.key), 0.0) + e.self_cpu_time_total / 1e6
@@ -57,13 +71,11 @@ def main():
         prompts = torch.randint(0, 256, (rows, width), generator=g).tolist()
         for dec in ("hf", "static"):
             eng = HFGenerationEngine(model, tok, eos_token_id=-1, decoder=dec)
-            # prefill alone, then the call: the difference is the decode steps
-            pre_wall, pre = profile_steps(eng, prompts, 1)
             wall, by = profile_steps(eng, prompts, new)
-            steps = new - 1
-            per = {k: (by.get(k, 0.0) - pre.get(k, 0.0)) / steps * 1e3 for k in
+            steps = new - 1  # the last token needs no forward
+            per = {k: by.get(k, 0.0) / steps * 1e3 for k in
                    [g for g, _ in GROUPS] + ["other ops"]}
-            step_ms = (wall - pre_wall) / steps * 1e3
+            step_ms = wall / steps * 1e3
             per["outside torch ops (Python)"] = step_ms - sum(per.values())
             out[f"{dec} {rows}x{width}"] = {"step_ms": step_ms, "ms_by_group": per}
             print(f"{dec:>6} {rows}x{width}: {step_ms:.1f} ms/step (profiled) "
