@@ -13,7 +13,7 @@ import torch
 from torch.profiler import profile
 
 from compassplay.config import ModelSection
-from compassplay.engines.base import SamplingParams, Segment
+from compassplay.engines.base import SamplingParams
 from compassplay.engines.hf_generation import HFGenerationEngine
 from compassplay.models import load_model
 
