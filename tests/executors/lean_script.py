@@ -31,9 +31,9 @@ def install() -> None:
     if "_unscripted" in HFGenerationEngine.__dict__:
         return
     real = HFGenerationEngine.generate
+    real_each = HFGenerationEngine.generate_each
 
-    def generate(self, prompts, params):
-        gens = real(self, prompts, params)
+    def rewrite(self, prompts, gens):
         out = []
         for i, (p, g) in enumerate(zip(prompts, gens, strict=True)):
             text = self.tokenizer.decode(p)
@@ -44,8 +44,15 @@ def install() -> None:
             out.append(g)
         return out
 
-    HFGenerationEngine._unscripted = real
+    def generate(self, prompts, params):
+        return rewrite(self, prompts, real(self, prompts, params))
+
+    def generate_each(self, prompts, params):  # what the stages call
+        return rewrite(self, prompts, real_each(self, prompts, params))
+
+    HFGenerationEngine._unscripted = (real, real_each)
     HFGenerationEngine.generate = generate
+    HFGenerationEngine.generate_each = generate_each
 
 
 def uninstall() -> None:
@@ -53,5 +60,5 @@ def uninstall() -> None:
 
     real = HFGenerationEngine.__dict__.get("_unscripted")
     if real is not None:
-        HFGenerationEngine.generate = real
+        HFGenerationEngine.generate, HFGenerationEngine.generate_each = real
         del HFGenerationEngine._unscripted

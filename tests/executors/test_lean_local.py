@@ -32,13 +32,13 @@ def lean_cfg(steps: int, *extra: str):
 def scripted(engine, tok, reply):
     """Keep the engine's sampled tokens (what the learner trains on), replace the text the
     stages parse by `reply(prompt_text, index)`."""
-    real = engine.generate
+    real, real_each = engine.generate, engine.generate_each
 
-    def generate(prompts, params):
-        gens = real(prompts, params)
+    def rewrite(prompts, gens):
         return [g.model_copy(update={"text": reply(tok.decode(p), i)})
                 for i, (p, g) in enumerate(zip(prompts, gens, strict=True))]
-    engine.generate = generate
+    engine.generate = lambda prompts, params: rewrite(prompts, real(prompts, params))
+    engine.generate_each = lambda prompts, params: rewrite(prompts, real_each(prompts, params))
 
 
 @pytest.mark.slow
