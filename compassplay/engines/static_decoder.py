@@ -156,33 +156,35 @@ class StaticDecoder:
             uniq, inverse = ids, None
         upad = pad if inverse is None else \
             torch.zeros(len(uniq), dtype=pad.dtype, device=dev).scatter_(0, inverse, pad)
-        self._alloc(len(uniq), upad, capacity, dev)
+        valid = self._alloc(len(uniq), upad, capacity, dev)
         cols = torch.arange(width, device=dev)
         pos = (cols[None, :] - upad[:, None]).clamp(min=0)     # [U, T]
         causal = torch.ones((width, width), dtype=torch.bool, device=dev).tril()
-        mask = causal[None] & self._valid[:, None, :width]      # [U, T, T]
+        mask = causal[None] & valid[:, None, :width]            # [U, T, T]
         mask |= torch.eye(width, dtype=torch.bool, device=dev)[None]  # pad rows see themselves
         self._t = 0
         logits = self._forward(self.embed[uniq].float(), pos, mask[:, None], 0)
         if inverse is not None:
             self._k, self._v = self._k[:, inverse], self._v[:, inverse]
-            self._valid, self._bias, logits = (self._valid[inverse], self._bias[inverse],
-                                               logits[inverse])
+            self._bias, logits = self._bias[inverse], logits[inverse]
         self._pad = pad
         self._t = width
         return logits
 
-    def _alloc(self, rows: int, pad: torch.Tensor, capacity: int, dev: torch.device) -> None:
-        """The KV cache [L, rows, nkv, C, d], the key masks and the rotary tables [C, d]."""
+    def _alloc(self, rows: int, pad: torch.Tensor, capacity: int, dev: torch.device
+               ) -> torch.Tensor:
+        """The KV cache [L, rows, nkv, C, d], the decode steps' additive key mask and the
+        rotary tables [C, d]. Returns the keys that are not pads, [rows, C] bool."""
         self._k = torch.zeros((len(self.blocks), rows, self.nkv, capacity, self.d),
                               dtype=self.dtype, device=dev)
         self._v = torch.zeros_like(self._k)
         cols = torch.arange(capacity, device=dev)
-        self._valid = cols[None, :] >= pad[:, None]             # [rows, C] keys, not pads
+        valid = cols[None, :] >= pad[:, None]
         self._bias = torch.zeros((rows, 1, 1, capacity), dtype=self.dtype, device=dev
-                                 ).masked_fill_(~self._valid[:, None, None], float("-inf"))
+                                 ).masked_fill_(~valid[:, None, None], float("-inf"))
         cos, sin = self.model.model.rotary_emb(self.embed[:1, None, :].float(), cols[None])
         self._cos, self._sin = cos[0].float(), sin[0].float()
+        return valid
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """Append one token per row. tok: [B] long -> next logits [B, V] float32."""
