@@ -47,7 +47,7 @@ from .batch import (
 )
 from .functions import safe_cosine
 from .oracle import naive_partials
-from .per_sample import PerSampleEngine
+from .per_sample import PerSampleEngine, grads_only_for
 from .reductions import rowsum
 from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
 
@@ -249,7 +249,7 @@ class GradientScorer:
                 "current weights (or set_metric(None)) before set_reference")
         grads = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
         names, plist = list(self.params), list(self.params.values())
-        with scoring_mode(self.model):
+        with scoring_mode(self.model), grads_only_for(self.model, self.params):
             for idx in plan_batches(ref, self.pass_tokens):
                 batch = make_batch([ref[i] for i in idx], idx, self.device, self.pad_id)
                 loss = batch_losses(self.model, batch).sum() / n_total

@@ -36,6 +36,14 @@ except Exception:  # pragma: no cover - transformers is a dependency
     Conv1D = ()
 
 
+def _reachable(out, z: torch.Tensor):
+    """A declined module's output plus the zero leaf (when it carries grad): the modules above
+    it stay on the backward's path to `z` and keep their batched formulas."""
+    if isinstance(out, torch.Tensor) and out.requires_grad and out.is_floating_point():
+        return out + z
+    return None
+
+
 class Handler(ABC):
     """Base: one module whose direct parameters (all or some) are selected. `attrs` maps the
     module's attribute names to parameter names; handlers of one `group` are kept or declined
@@ -53,14 +61,15 @@ class Handler(ABC):
         if (not isinstance(out, torch.Tensor) or not isinstance(x, torch.Tensor)
                 or out.dim() == 0 or out.shape[0] != st.n or x.shape[0] != st.n):
             st.declined.add(self.group)
-            return None
+            return _reachable(out, z)
         st.calls[id(self)] = st.calls.get(id(self), 0) + 1
         if st.calls[id(self)] > 1 or not self.accepts(args, kwargs):
             st.declined.add(self.group)
-            return None
+            return _reachable(out, z)
         box = [self.save(st, x)]  # released once used: the backward frees activations as it goes
-        # Roots (input without grad, e.g. token ids) get the zero leaf added so the backward
-        # reaches them; other outputs are reached through the model's input embeddings (+ z).
+        # Roots (input without grad: token ids, or the hidden state below the lowest selected
+        # parameter, `per_sample.grads_only_for`) get the zero leaf added so the backward
+        # reaches them; every other output is reached through a root below it.
         out2 = out if x.requires_grad else out + z
         if not out2.requires_grad:
             return None

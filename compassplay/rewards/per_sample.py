@@ -29,7 +29,9 @@ Results accumulate in float64 per sample; per-layer math is float32.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -130,12 +132,13 @@ class PerSampleEngine:
             lambda m, args, kwargs, out, h=h: h.on_forward(st, z, args, kwargs, out),
             with_kwargs=True) for h in self.handlers]
         emb = _input_embeddings(self.model)
-        if emb is not None and not any(h.module is emb for h in self.handlers):
+        if self.fallback and emb is not None and not any(h.module is emb for h in self.handlers):
+            # a shared parameter outside the handlers: reach every output from the bottom
             hooks.append(emb.register_forward_hook(
                 lambda m, args, out: out + z if isinstance(out, torch.Tensor) else None))
         timings = self.ctx.timings
         try:
-            with torch.enable_grad():
+            with torch.enable_grad(), grads_only_for(self.model, self.params):
                 t0 = time.perf_counter()
                 total = batch_losses(self.model, batch).sum()
                 t1 = time.perf_counter()
@@ -157,6 +160,25 @@ class PerSampleEngine:
             if group not in st.declined:
                 out.add_(acc)
         return out, declined
+
+
+@contextlib.contextmanager
+def grads_only_for(model: nn.Module, params: dict[str, nn.Parameter]) -> Iterator[None]:
+    """Inside the block only `params` require grad (every flag is restored on exit).
+
+    With the parameters below the lowest selected one frozen, the forward records no graph
+    there and no backward runs there: scoring the top 6 of 30 blocks back-propagates through
+    6 blocks, not 30. (The handlers then reach the lowest selected module as a root: its input
+    needs no grad, so the zero leaf is added to its output.)"""
+    keep = {id(p) for p in params.values()}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in keep]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
 
 
 def _input_embeddings(model: nn.Module) -> nn.Module | None:

@@ -82,3 +82,55 @@ def test_projection_spec_forms_and_globs(gen):
     assert_matches(got, want)
     with pytest.raises(ValueError):
         ProjectionSpec(dim=0)
+
+
+def _blocks(model):
+    return model.transformer.h if hasattr(model, "transformer") else model.model.layers
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "llama", "gpt2"])
+def test_top_block_scoring_runs_no_graph_below_it(kind, gen):
+    """Scoring the last block records no graph and runs no backward through the block below
+    it; every selected layer keeps its batched formula; the model's flags are restored."""
+    model = tiny_model(kind, False)
+    below = []  # per forward of block 0 during scoring: does its output carry grad?
+    _blocks(model)[0].register_forward_hook(
+        lambda m, a, out: below.append((out[0] if isinstance(out, tuple) else out).requires_grad))
+    scorer = GradientScorer(model, last_blocks_globs(model, 1))
+    ref = [rand_example(gen, 3, 7)]
+    cands = [rand_example(gen, 2, t) for t in (1, 6, 30)]
+    scorer.set_reference(ref)
+    got = scorer.score(cands)
+    assert below and not any(below)
+    assert all("loop" not in paths for paths in scorer.layer_paths.values())
+    assert all(p.requires_grad for p in model.parameters())
+    assert_matches(got, oracle(model, ref, cands, names=set(scorer.params)))
+
+
+def test_a_declined_lowest_layer_leaves_the_layers_above_it_batched(gen):
+    """The lowest selected module is declined (a call outside the hooks' patterns): it is
+    computed exactly by the loop, and the layers above it stay reachable and batched."""
+    model = tiny_model("qwen2", False)
+    block = model.model.layers[1]
+    norm = block.input_layernorm
+    orig, call = norm.forward, type(norm).__call__
+    norm.forward = lambda x, scale=1.0: orig(x) * scale
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = norm
+
+        def forward(self, x):
+            return call(self.inner, x, scale=1.5)
+
+    block.input_layernorm = Wrapped()
+    scorer = GradientScorer(model, ["model.layers.1.*"])
+    ref, cands = [rand_example(gen, 3, 6)], [rand_example(gen, 2, 5), rand_example(gen, 5, 9)]
+    scorer.set_reference(ref)
+    got = scorer.score(cands)
+    assert_matches(got, oracle(model, ref, cands, names=set(scorer.params)))
+    paths = scorer.layer_paths
+    assert "loop" in paths["model.layers.1.input_layernorm.inner.weight"]
+    assert "loop" not in paths["model.layers.1.self_attn.q_proj"]
+    assert "loop" not in paths["model.layers.1.mlp.down_proj"]
