@@ -50,11 +50,22 @@ def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
     return token_logprobs_entropy(model, input_ids, attention_mask, targets, positions)[0]
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model inside DeepSpeed's engine (its `module`), else `model`. Its
+    submodules carry ZeRO-3's gather hooks, so calling them directly is what the engine's own
+    forward does; the backward still goes through the engine (`engine.backward`)."""
+    if type(model).__name__ == "DeepSpeedEngine" and isinstance(
+            getattr(model, "module", None), torch.nn.Module):
+        return model.module
+    return model
+
+
 def head_on_hidden(model: torch.nn.Module) -> bool:
-    """Whether `model`'s logits are its output embedding on the base model's hidden states
-    (a transformers model itself: a wrapper such as DeepSpeed's engine runs its own forward)."""
+    """Whether `model`'s logits (or, for DeepSpeed's engine, its module's) are the output
+    embedding on the base model's hidden states: a transformers model of those types."""
     from transformers import PreTrainedModel
 
+    model = unwrapped(model)
     kind = getattr(getattr(model, "config", None), "model_type", None)
     return isinstance(model, PreTrainedModel) and kind in HEAD_ON_HIDDEN_TYPES and \
         model.get_output_embeddings() is not None
@@ -76,6 +87,7 @@ def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
                        use_cache=False).logits
         logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
         return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy_of(logp_all)
+    model = unwrapped(model)
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
                               use_cache=False).last_hidden_state
     sel = positions.bool()

@@ -5,6 +5,7 @@ import torch
 
 from compassplay.config import LearnerSection
 from compassplay.engines import make_learner
+from compassplay.engines.logprobs import head_on_hidden
 from tests.engines.helpers import assert_reset_replays_first_step
 from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
@@ -23,6 +24,8 @@ def test_deepspeed_zero2_matches_torch(tmp_path):
         stats = [learner.step(synthetic_trajectories(model, n=5, seed=s)) for s in range(2)]
         results[backend] = (stats, learner.state_dict_for_sync(), learner)
     (ts, tw, _), (ds, dw, dl) = results["torch"], results["deepspeed"]
+    # both backends take the vocabulary head at completion positions only (the same sums)
+    assert head_on_hidden(dl.slots["policy"].module)
     for a, b in zip(ts, ds, strict=True):
         assert b.loss == pytest.approx(a.loss, rel=1e-5, abs=1e-7)
         assert b.grad_norm == pytest.approx(a.grad_norm, rel=1e-5)
