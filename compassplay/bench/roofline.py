@@ -2,9 +2,11 @@
 weights once, a plain matmul's FLOP/s at a stage's shape, and the bounds built from them.
 
 - `stream_seconds`: one read of every weight tensor (a sum over each, tied tensors once),
-  the median of `reps`: a decode step cannot beat it, since it multiplies by every weight.
+  the fastest of `reps`: a decode step cannot beat it, since it multiplies by every weight.
 - `matmul_rate`: FLOP/s of `x @ w.T` with x [rows, k] and w [n, k] (float32 unless told),
-  the median of `reps`; at the prefill's rows this is the machine's compute speed.
+  the fastest of `reps`; at the prefill's rows this is the machine's compute speed.
+  Both take the best repetition, not the median: on a shared or throttled machine a median
+  taken at a slow moment makes the bound loose (a stage could even exceed it).
 - `transformer_flops`: the matmul FLOPs of a Llama-style forward (2 per weight per token for
   the blocks, the attention's 2 x 2 x ctx x heads x head_dim per token and layer, and the
   vocabulary head where logits are needed); a backward costs twice its forward.
@@ -15,7 +17,6 @@ weights once, a plain matmul's FLOP/s at a stage's shape, and the bounds built f
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -61,8 +62,8 @@ def transformer_flops(s: ModelShape, tokens: int, ctx_sum: float, logit_rows: in
         + 2.0 * s.vocab * s.hidden * logit_rows
 
 
-def stream_seconds(model: torch.nn.Module, reps: int = 5) -> float:
-    """Median time (s) to read every parameter tensor once."""
+def stream_seconds(model: torch.nn.Module, reps: int = 10) -> float:
+    """Fastest time (s) of `reps` to read every parameter tensor once."""
     seen, tensors = set(), []
     for p in model.parameters():
         if p.data_ptr() not in seen:
@@ -75,12 +76,12 @@ def stream_seconds(model: torch.nn.Module, reps: int = 5) -> float:
             for t in tensors:
                 t.sum()
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return min(times)
 
 
 def matmul_rate(rows: int, k: int, n: int, dtype: torch.dtype = torch.float32,
-                reps: int = 5, device: str = "cpu") -> float:
-    """Median FLOP/s of x [rows, k] @ w [n, k].T (one untimed warm-up)."""
+                reps: int = 10, device: str = "cpu") -> float:
+    """Best FLOP/s of `reps` calls of x [rows, k] @ w [n, k].T (one untimed warm-up)."""
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.randn((rows, k), generator=g, device=device).to(dtype)
     w = torch.randn((n, k), generator=g, device=device).to(dtype)
@@ -92,7 +93,7 @@ def matmul_rate(rows: int, k: int, n: int, dtype: torch.dtype = torch.float32,
         if device != "cpu":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return 2.0 * rows * k * n / statistics.median(times)
+    return 2.0 * rows * k * n / min(times)
 
 
 def generation_bounds(s: ModelShape, rows: int, prompt: int, new: int, stream_s: float,

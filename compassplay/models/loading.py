@@ -103,9 +103,14 @@ def load_local(path: str, dtype: torch.dtype):
     return _hf_load(str(resolve_local(path)), dtype, offline=True)
 
 
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "true", "yes")
+
+
 def load_hub(repo_id: str, dtype: torch.dtype):
     try:
-        return _hf_load(repo_id, dtype, offline=False)
+        return _hf_load(repo_id, dtype, offline=hub_offline())
     except OSError as exc:
         raise ModelNotFoundError(
             f"model.name_or_path: could not load '{repo_id}' from the Hugging Face hub "
