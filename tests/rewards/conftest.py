@@ -38,6 +38,23 @@ def tiny_model(kind: str, tied: bool, seed: int = 0) -> torch.nn.Module:
     return model.float()
 
 
+def called_with_a_keyword(module: torch.nn.Module) -> torch.nn.Module:
+    """`module` inside a wrapper that calls it as `module(x, scale=1.5)` (its output times 1.5):
+    a call outside the per-sample hooks' patterns, so the engine declines the module."""
+    orig, call = module.forward, type(module).__call__
+    module.forward = lambda x, scale=1.0: orig(x) * scale
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = module
+
+        def forward(self, x):
+            return call(self.inner, x, scale=1.5)
+
+    return Wrapped()
+
+
 def rand_example(gen: torch.Generator, prompt: int, target: int) -> Example:
     ids = torch.randint(0, VOCAB, (prompt + target,), generator=gen).tolist()
     return Example(ids[:prompt], ids[prompt:])

@@ -10,7 +10,7 @@ from compassplay.rewards.gradient import (
     StaleReferenceError,
 )
 
-from .conftest import oracle, rand_example, tiny_model
+from .conftest import called_with_a_keyword, oracle, rand_example, tiny_model
 
 ARCHS = [("qwen2", True), ("qwen2", False), ("llama", False), ("llama", True), ("gpt2", True),
          ("gpt2", False)]
@@ -164,20 +164,8 @@ def test_empty_candidate_list_and_order(gen):
 def test_unrecognized_module_falls_back_exactly(gen):
     model = tiny_model("qwen2", False)
     # a parameterized module called with two inputs is outside the hooks' patterns
-    norm = model.model.layers[0].post_attention_layernorm
-    orig = norm.forward
-    norm.forward = lambda x, scale=1.0: orig(x) * scale
-    layer_fwd = type(norm).__call__
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = norm
-
-        def forward(self, x):
-            return layer_fwd(self.inner, x, scale=1.5)
-
-    model.model.layers[0].post_attention_layernorm = Wrapped()
+    layer = model.model.layers[0]
+    layer.post_attention_layernorm = called_with_a_keyword(layer.post_attention_layernorm)
     ref, cands = [rand_example(gen, 3, 6)], [rand_example(gen, 2, 5), rand_example(gen, 5, 2)]
     scorer = GradientScorer(model)
     scorer.set_reference(ref)

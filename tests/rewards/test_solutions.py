@@ -16,7 +16,7 @@ from compassplay.rewards.batch import (
 from compassplay.rewards.gradient import GradientScorer, Partials, finalize
 from compassplay.rewards.oracle import flatten, per_example_grads, reference_grads
 
-from .conftest import VOCAB, oracle, rand_example, tiny_model
+from .conftest import VOCAB, called_with_a_keyword, oracle, rand_example, tiny_model
 from .test_gradient import assert_matches
 
 
@@ -125,20 +125,8 @@ def test_vmap_path_sums_a_candidates_rows(gen):
 
 def test_declined_module_falls_back_exactly_with_solutions(gen):
     model = tiny_model("qwen2", True)
-    norm = model.model.layers[0].post_attention_layernorm
-    orig = norm.forward
-    norm.forward = lambda x, scale=1.0: orig(x) * scale
-    layer_fwd = type(norm).__call__
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = norm
-
-        def forward(self, x):
-            return layer_fwd(self.inner, x, scale=1.5)
-
-    model.model.layers[0].post_attention_layernorm = Wrapped()
+    layer = model.model.layers[0]
+    layer.post_attention_layernorm = called_with_a_keyword(layer.post_attention_layernorm)
     ref, cands = [rand_example(gen, 3, 6)], mixed(gen)
     sc = GradientScorer(model)
     sc.set_reference(ref)

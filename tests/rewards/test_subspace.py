@@ -4,7 +4,7 @@ import torch
 from compassplay.rewards.gradient import GradientScorer, ProjectionSpec
 from compassplay.rewards.subspace import CountSketch, last_blocks_globs, parse_spec
 
-from .conftest import oracle, rand_example, tiny_model
+from .conftest import called_with_a_keyword, oracle, rand_example, tiny_model
 from .test_gradient import assert_matches
 
 
@@ -112,19 +112,7 @@ def test_a_declined_lowest_layer_leaves_the_layers_above_it_batched(gen):
     computed exactly by the loop, and the layers above it stay reachable and batched."""
     model = tiny_model("qwen2", False)
     block = model.model.layers[1]
-    norm = block.input_layernorm
-    orig, call = norm.forward, type(norm).__call__
-    norm.forward = lambda x, scale=1.0: orig(x) * scale
-
-    class Wrapped(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = norm
-
-        def forward(self, x):
-            return call(self.inner, x, scale=1.5)
-
-    block.input_layernorm = Wrapped()
+    block.input_layernorm = called_with_a_keyword(block.input_layernorm)
     scorer = GradientScorer(model, ["model.layers.1.*"])
     ref, cands = [rand_example(gen, 3, 6)], [rand_example(gen, 2, 5), rand_example(gen, 5, 9)]
     scorer.set_reference(ref)
