@@ -11,9 +11,7 @@ else, or a check that disagrees with the plain forward, falls back to it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -27,41 +25,15 @@ from compassplay.rewards.batch import (
     plan_batches,
     scoring_mode,
 )
+from compassplay.rewards.frozen_prefix import layers_from, lowest_layer_of
 
 log = logging.getLogger(__name__)
-
-
-def _decoder(model: nn.Module) -> nn.Module | None:
-    """The module holding `layers` (a ModuleList) and `embed_tokens`, or None."""
-    inner = getattr(model, "model", None)
-    if isinstance(getattr(inner, "layers", None), nn.ModuleList) and \
-            hasattr(inner, "embed_tokens"):
-        return inner
-    return None
 
 
 def frozen_prefix_layers(model: nn.Module) -> int:
     """How many leading decoder layers (with the embeddings) have no trainable parameter: 0
     when the embeddings train, or the model is not a transformers decoder-only LM."""
-    dec = _decoder(model)
-    if dec is None or any(p.requires_grad for p in dec.embed_tokens.parameters()):
-        return 0
-    for k, layer in enumerate(dec.layers):
-        if any(p.requires_grad for p in layer.parameters()):
-            return k
-    return len(dec.layers)
-
-
-@contextlib.contextmanager
-def _layers_from(model: nn.Module, k: int) -> Iterator[None]:
-    """The model's forward runs only decoder layers k.. (fed `inputs_embeds`)."""
-    dec = _decoder(model)
-    full = dec.layers
-    dec.layers = nn.ModuleList(list(full)[k:])
-    try:
-        yield
-    finally:
-        dec.layers = full
+    return lowest_layer_of(model, [p for p in model.parameters() if p.requires_grad])
 
 
 class FixedSetLoss:
@@ -98,7 +70,7 @@ class FixedSetLoss:
         if not self.prefix_layers:
             return mean_example_loss(model, self.examples, self.pad_id, self.max_batch_tokens)
         total = 0.0
-        with scoring_mode(model), torch.no_grad(), _layers_from(model, self.prefix_layers):
+        with scoring_mode(model), torch.no_grad(), layers_from(model, self.prefix_layers):
             for batch, hidden in self._cached:
                 total += float(batch_losses(model, batch, inputs_embeds=hidden).sum())
         return total / len(self.examples)

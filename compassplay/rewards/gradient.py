@@ -27,6 +27,7 @@ cannot weight by M). Exact mode only (no projection).
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import torch
 from torch import nn
 
 from .batch import (
+    Batch,
     CandidateExamples,
     Example,
     batch_losses,
@@ -45,11 +47,14 @@ from .batch import (
     scoring_mode,
     solution_sets,
 )
+from .frozen_prefix import PrefixCache, layers_from
 from .functions import safe_cosine
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine, grads_only_for
 from .reductions import rowsum
 from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AlignmentScore", "Example", "GradientScorer", "ProjectionSpec", "StaleMetricError",
            "StaleReferenceError"]
@@ -132,6 +137,10 @@ class GradientScorer:
         self.metric_version: int | None = None
         self._dot_ref: dict[str, torch.Tensor] = {}  # g_ref, or M g_ref under a metric
         self.oversize = 0  # candidates scored by the exact loop: k solutions > max_batch_tokens
+        # the reference's hidden states below the lowest scored layer, kept across versions
+        # whose prefix is unchanged (`frozen_prefix`); checked against the plain forward once
+        self.prefix = PrefixCache(model, self.params.values())
+        self._prefix_checked = False
 
     @property
     def device(self) -> torch.device:
@@ -187,8 +196,13 @@ class GradientScorer:
         return prof
 
     def load_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Load new weights into the model and mark them as `version`."""
+        """Load new weights into the model and mark them as `version`. The reference's kept
+        prefix states survive when the load leaves the layers below the scored ones as they
+        were (compared exactly, `PrefixCache.unchanged_by`)."""
+        keep = self.prefix.unchanged_by(state_dict)
         self.model.load_state_dict(state_dict)
+        if keep:
+            self.prefix.restamp()
         self.weight_version = int(version)
 
     # metric ------------------------------------------------------------------------------------
@@ -249,10 +263,10 @@ class GradientScorer:
                 "current weights (or set_metric(None)) before set_reference")
         grads = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
         names, plist = list(self.params), list(self.params.values())
-        with scoring_mode(self.model), grads_only_for(self.model, self.params):
-            for idx in plan_batches(ref, self.pass_tokens):
-                batch = make_batch([ref[i] for i in idx], idx, self.device, self.pad_id)
-                loss = batch_losses(self.model, batch).sum() / n_total
+        passes, top_only = self._reference_passes(ref)
+        with scoring_mode(self.model), grads_only_for(self.model, self.params), top_only:
+            for batch, hidden in passes:
+                loss = batch_losses(self.model, batch, inputs_embeds=hidden).sum() / n_total
                 gs = torch.autograd.grad(loss, plist, allow_unused=True)
                 for n, g in zip(names, gs, strict=True):
                     if g is not None:
@@ -273,6 +287,35 @@ class GradientScorer:
                                    metric is not None)
         self._dot_ref = dot
         self.engine.set_reference(dot)
+
+    def _reference_passes(self, ref: list[Example]
+                          ) -> tuple[list[tuple[Batch, torch.Tensor | None]],
+                                     contextlib.AbstractContextManager]:
+        """The reference's passes and the context their losses run in: with the prefix kept,
+        (Batch, hidden entering layer k) and only layers k.. running; else (Batch, None) and
+        the whole model. The first kept pass is checked against the plain forward once; a
+        disagreement (an architecture whose layers need more than their input) logs a warning
+        and turns the cache off."""
+        if self.prefix.enabled:
+            passes = self.prefix.passes(ref, self.pass_tokens, self.device, self.pad_id)
+            if self._prefix_checked or self._prefix_agrees(*passes[0]):
+                self._prefix_checked = True
+                return list(passes), layers_from(self.model, self.prefix.k)
+            self.prefix.disable()
+        plain = [(make_batch([ref[i] for i in idx], idx, self.device, self.pad_id), None)
+                 for idx in plan_batches(ref, self.pass_tokens)]
+        return plain, contextlib.nullcontext()
+
+    def _prefix_agrees(self, batch: Batch, hidden: torch.Tensor, tol: float = 1e-4) -> bool:
+        with scoring_mode(self.model), torch.no_grad():
+            plain = batch_losses(self.model, batch)
+            with layers_from(self.model, self.prefix.k):
+                kept = batch_losses(self.model, batch, inputs_embeds=hidden)
+        if torch.allclose(kept, plain, rtol=tol, atol=tol):
+            return True
+        log.warning("reference losses from the kept prefix states %s != the plain forward's "
+                    "%s: computing g_ref with the whole model", kept.tolist(), plain.tolist())
+        return False
 
     def check_reference(self, allow_stale: bool = False) -> Reference:
         """The current reference; raises if unset, or stale unless `allow_stale`."""
