@@ -25,12 +25,16 @@ reference's 3,101 tokens at SmolLM2's 576: 7 MB in float32; 32 items of 16,446 t
 from __future__ import annotations
 
 import contextlib
+import logging
+import time
 from collections.abc import Iterable, Iterator
 
 import torch
 from torch import nn
 
 from .batch import Batch, Example, make_batch, plan_batches, scoring_mode
+
+log = logging.getLogger(__name__)
 
 
 def decoder(model: nn.Module) -> nn.Module | None:
@@ -155,11 +159,13 @@ class PrefixCache:
                pass_tokens, pad_id, str(device))
         if key == self._key and self._stamp == self._versions():
             return self._passes
-        out = []
+        out, start = [], time.perf_counter()
         with scoring_mode(self.model):
             for idx in plan_batches(examples, pass_tokens):
                 batch = make_batch([examples[i] for i in idx], idx, device, pad_id)
                 out.append((batch, hidden_entering(self.model, self.k, batch)))
         self._key, self._stamp, self._passes = key, self._versions(), out
         self.builds += 1
+        log.info("reference states below layer %d computed (%d passes, %.1f s, build %d)",
+                 self.k, len(out), time.perf_counter() - start, self.builds)
         return out
