@@ -35,6 +35,7 @@ import ray
 from ray.exceptions import RayActorError, RayError
 
 from compassplay.actors.lean_fleet import LeanVerifierFleet
+from compassplay.actors.whereabouts import here
 from compassplay.errors import FatalStageError, ResourceWaitError
 from compassplay.verifiers.lean_messages import STATUSES, LeanVerdict
 from compassplay.verifiers.lean_pool import LeanCheck, LeanPool, as_check
@@ -78,6 +79,10 @@ class LeanFleetActor:
         self._note()
         self._thread = threading.Thread(target=self._loop, name="lean-fleet-poll", daemon=True)
         self._thread.start()
+
+    def where(self) -> dict:
+        """This actor's node, node type and assigned resources (`whereabouts.here`)."""
+        return here()
 
     def ready(self) -> tuple[str, str]:
         return "", ""  # the shells' start-up report: built

@@ -12,6 +12,7 @@ from typing import Any
 
 import ray
 
+from compassplay.actors.whereabouts import here
 from compassplay.verifiers.lean_messages import LeanVerdict
 from compassplay.verifiers.lean_pool import LeanCheck, LeanPool
 
@@ -22,6 +23,10 @@ class LeanVerifier:
 
     def __init__(self, **pool_kwargs: Any) -> None:
         self._pool = LeanPool(**pool_kwargs).start()
+
+    def where(self) -> dict:
+        """This actor's node, node type and assigned resources (`whereabouts.here`)."""
+        return here()
 
     def ready(self) -> bool:
         """True once placed and its pool started (the fleet's placement check)."""

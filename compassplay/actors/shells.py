@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from compassplay.actors.whereabouts import here
 from compassplay.config import RunConfig
 from compassplay.engines.dist import RankInfo, rendezvous
 from compassplay.step.graph import StageCall, WeightsOffer, run_stage
@@ -55,6 +56,10 @@ class _Shell:
     def run_stage(self, call: StageCall, *args: Any) -> Any:
         """Run one stage of the step graph on this actor's worker."""
         return run_stage(self.role, call, args, fetch=ray.get)
+
+    def where(self) -> dict[str, Any]:
+        """This actor's node, node type and assigned resources (`whereabouts.here`)."""
+        return here()
 
     def incarnation(self) -> str:
         if not hasattr(self, "_incarnation"):

@@ -59,6 +59,7 @@ from ray.exceptions import RayError
 
 from compassplay.actors.placement import ActorSet, create_actors, create_learner, requests
 from compassplay.actors.startup import describe_cause, failed_call, wait_ready
+from compassplay.actors.whereabouts import record_placement
 from compassplay.config import RunConfig
 from compassplay.errors import RunError
 from compassplay.executors.ray_dispatch import InFlight, RayDispatch, is_fatal
@@ -372,6 +373,7 @@ def _run_on_ray(cfg: RunConfig, run_dir: Path, resume: bool,
         log.info("starting actors: %s", ", ".join(actors.named()))
         wait_ready(actors.named(), requests(cfg), cfg.cluster.startup_timeout_s,
                    poll=stop.check)
+        record_placement(actors.named(), run_dir)
         pipeline = Pipeline(cfg, run_dir, actors, runlog, metrics, progress, stop,
                             on_stage if cfg.logging.progress else None)
         if on_pipeline is not None:

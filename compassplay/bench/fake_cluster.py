@@ -1,0 +1,307 @@
+"""A multi-node Ray cluster on one machine, grown and shrunk by Ray's real autoscaler.
+
+`ray start --head --autoscaling-config=FILE` with `RAY_FAKE_CLUSTER=1` runs Ray's autoscaler
+(the monitor process on the head) with its `fake_multinode` node provider: every node it
+launches for pending demand is a real raylet on this machine with the resources its node type
+declares (`GPU` included: an actor asking `num_gpus=1` gets `CUDA_VISIBLE_DEVICES` and computes
+on CPU), and idle nodes are terminated after `idle_timeout_minutes`. The node types are read
+from the repository's `ray_cluster.yaml` (one source of truth): their custom resources and GPU
+counts as written, their CPU and object-store figures scaled to a laptop.
+
+Only this cluster's processes are started and stopped: each one runs with the cluster's own
+`--temp-dir` on its command line, and `stop()` ends exactly those (never `ray stop`, which
+kills every Ray on the machine, nor `ray.cluster_utils.AutoscalingCluster.start()`, which
+calls it). Used by the multi-node tests (`tests/cluster/`) and by `docs/laptop-cluster.md`.
+Facts about Ray 2.60 behind the config below: the wheel does not ship
+`fake_multi_node/example.yaml`, so every field the launcher validates is written out; the
+provider builds each node's GCS address from `provider.gcs_address`, needed when the head's
+port is not 6379 (ray/autoscaler/_private/fake_multi_node/node_provider.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+HEAD_TYPE = "ray.head.default"  # the fake provider's fixed name for the head's node type
+REPO_CLUSTER_YAML = Path(__file__).resolve().parents[2] / "ray_cluster.yaml"
+CUSTOM_TYPE_KEYS = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+@dataclass(frozen=True)
+class FakeNodeType:
+    """One worker node type: `resources` as Ray sees them (CPU and GPU counts, custom
+    resources), `object_store_mb` of object store per node, at most `max_workers` nodes."""
+
+    name: str
+    resources: dict[str, float]
+    object_store_mb: int = 100
+    max_workers: int = 2
+
+    def provider_resources(self) -> dict[str, float]:
+        """The node type's `resources` in the autoscaling config (the fake provider pops
+        `object_store_memory`, in bytes, into the node's object store size)."""
+        return {**self.resources, "object_store_memory": self.object_store_mb * 2**20}
+
+
+def node_types_from_cluster_yaml(path: Path = REPO_CLUSTER_YAML, cpus: float = 2,
+                                 object_store_mb: int = 100, max_workers: int = 2,
+                                 ) -> dict[str, FakeNodeType]:
+    """The worker node types of a cluster-launcher YAML (`available_node_types` but the head),
+    with each type's GPU count and custom resources as written and `cpus` CPUs (a 96-CPU node
+    would make Ray start a worker process per CPU)."""
+    try:
+        spec = yaml.safe_load(Path(path).read_text())
+        types = spec["available_node_types"]
+        head = spec.get("head_node_type")
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: cannot read available_node_types ({exc})") from None
+    out = {}
+    for name, body in types.items():
+        res = dict((body or {}).get("resources") or {})
+        if name == head or name == "head" or res.get("CPU", 1) == 0:
+            continue  # the head runs no actors
+        resources = {k: float(v) for k, v in res.items() if k not in CUSTOM_TYPE_KEYS}
+        resources["CPU"] = float(cpus)
+        if res.get("GPU"):
+            resources["GPU"] = float(res["GPU"])
+        out[name] = FakeNodeType(name, resources, object_store_mb,
+                                 min(max_workers, int(body.get("max_workers", max_workers))))
+    if not out:
+        raise ValueError(f"{path}: no worker node type in available_node_types")
+    return out
+
+
+def autoscaling_config(node_types: Mapping[str, FakeNodeType], gcs_address: str,
+                       idle_timeout_s: float) -> dict[str, Any]:
+    """The autoscaling config for `ray start --head --autoscaling-config` (fake_multinode)."""
+    types: dict[str, Any] = {HEAD_TYPE: {"resources": {"CPU": 0}, "node_config": {},
+                                         "max_workers": 0}}
+    for t in node_types.values():
+        types[t.name] = {"resources": t.provider_resources(), "node_config": {},
+                         "min_workers": 0, "max_workers": t.max_workers}
+    return {
+        "cluster_name": "compassplay-fake",
+        "max_workers": sum(t.max_workers for t in node_types.values()),
+        "upscaling_speed": 2.0,
+        "idle_timeout_minutes": idle_timeout_s / 60.0,
+        "provider": {"type": "fake_multinode", "use_node_id_as_ip": True,
+                     "disable_node_updaters": True, "disable_launch_config_check": True,
+                     "gcs_address": gcs_address},
+        "auth": {"ssh_user": "ubuntu"},
+        "head_node_type": HEAD_TYPE,
+        "available_node_types": types,
+        "docker": {},
+        "file_mounts": {}, "cluster_synced_files": [], "file_mounts_sync_continuously": False,
+        "rsync_exclude": [], "rsync_filter": [],
+        "initialization_commands": [], "setup_commands": [], "head_setup_commands": [],
+        "worker_setup_commands": [], "head_start_ray_commands": [],
+        "worker_start_ray_commands": [],
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ray_cli() -> str:
+    """The `ray` command of this interpreter's environment."""
+    beside = Path(sys.executable).with_name("ray")
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+@dataclass
+class FakeCluster:
+    """A head node (CPU 0, the autoscaler) whose worker nodes Ray's autoscaler adds and
+    removes. `start()` returns the address for `ray.init(address=...)`; `stop()` ends every
+    process of this cluster and only those. Seconds throughout."""
+
+    node_types: dict[str, FakeNodeType] = field(default_factory=node_types_from_cluster_yaml)
+    idle_timeout_s: float = 6.0
+    update_interval_s: int = 1
+    dashboard: bool = False
+    start_timeout_s: float = 120.0
+    temp_dir: Path | None = None
+    port: int = 0
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def start(self) -> str:
+        """Start the head and its autoscaler; returns the GCS address. Raises RuntimeError
+        with `ray start`'s output when the head does not come up."""
+        # a short path: Ray's Unix sockets live under it (107 bytes at most)
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="cpfc-", dir="/tmp"))
+        self.port = self.port or free_port()
+        self.dashboard_port = free_port()
+        cfg_file = self.temp_dir / "autoscaling.yaml"
+        cfg_file.write_text(yaml.safe_dump(autoscaling_config(
+            self.node_types, self.address, self.idle_timeout_s)))
+        env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "disabled",
+               "AUTOSCALER_UPDATE_INTERVAL_S": str(int(self.update_interval_s)),
+               "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+        cmd = [ray_cli(), "start", "--head", "--num-cpus=0", "--num-gpus=0",
+               f"--port={self.port}", "--node-ip-address=127.0.0.1",
+               f"--temp-dir={self.temp_dir}", f"--autoscaling-config={cfg_file}",
+               "--object-store-memory=100000000", "--disable-usage-stats"]
+        cmd += ([f"--dashboard-port={self.dashboard_port}", "--include-dashboard=true",
+                 "--dashboard-host=127.0.0.1"] if self.dashboard
+                else ["--include-dashboard=false"])
+        log.info("starting a fake multi-node Ray cluster at %s (temp dir %s, node types %s)",
+                 self.address, self.temp_dir, ", ".join(self.node_types))
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True,
+                              timeout=self.start_timeout_s)
+        if done.returncode != 0:
+            self.stop()
+            raise RuntimeError(f"ray start --head failed (rc {done.returncode}):\n"
+                               f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        return self.address
+
+    def pids(self) -> list[int]:
+        """The processes of this cluster: every process whose command line names its temp dir
+        (head and worker raylets, GCS, monitor, actors' workers) or its autoscaling config."""
+        if self.temp_dir is None:
+            return []
+        mark, out = str(self.temp_dir), []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if mark in cmdline:
+                out.append(int(entry.name))
+        return out
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End this cluster's processes (SIGTERM, then SIGKILL after `timeout_s`) and remove
+        its temp dir."""
+        if self.temp_dir is None:
+            return
+        _signal_all(self.pids(), signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while self.pids() and time.monotonic() < deadline:
+            time.sleep(0.3)
+        _signal_all(self.pids(), signal.SIGKILL)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        self.temp_dir = None
+
+    def __enter__(self) -> FakeCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_all(pids: list[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def node_type_of(node: Mapping[str, Any], node_types: Mapping[str, FakeNodeType]) -> str:
+    """The node type of one `ray.nodes()` entry: the type whose custom resources it offers
+    (the head when none); '?' when none matches."""
+    have = node.get("Resources", {})
+    for t in node_types.values():
+        custom = [k for k in t.resources if k not in CUSTOM_TYPE_KEYS]
+        if custom and all(k in have for k in custom):
+            return t.name
+    return HEAD_TYPE if not have.get("CPU") else "?"
+
+
+def alive_nodes_by_type(nodes: list[Mapping[str, Any]],
+                        node_types: Mapping[str, FakeNodeType]) -> dict[str, int]:
+    """How many alive nodes of each type `ray.nodes()` lists."""
+    counts: dict[str, int] = {}
+    for n in nodes:
+        if n.get("Alive"):
+            t = node_type_of(n, node_types)
+            counts[t] = counts.get(t, 0) + 1
+    return counts
+
+
+def wait_for(what: str, ok: Callable[[], bool], timeout_s: float, poll_s: float = 0.5) -> float:
+    """Poll `ok` until it holds; seconds it took. TimeoutError naming `what` after
+    `timeout_s` (logged every 10 s meanwhile)."""
+    start = last = time.monotonic()
+    while not ok():
+        now = time.monotonic()
+        if now - start > timeout_s:
+            raise TimeoutError(f"{what}: not reached in {timeout_s:.0f} s")
+        if now - last > 10:
+            log.info("waiting for %s (%.0f s)", what, now - start)
+            last = now
+        time.sleep(poll_s)
+    return time.monotonic() - start
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m compassplay.bench.fake_cluster [--up] [--dashboard] [--idle-timeout-s S]`:
+    print the node types; with `--up`, start a cluster, print its address and hold it until
+    Ctrl-C (or SIGTERM), then stop it and only it."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m compassplay.bench.fake_cluster")
+    ap.add_argument("--up", action="store_true", help="start a cluster and hold it")
+    ap.add_argument("--dashboard", action="store_true", help="start Ray's dashboard too")
+    ap.add_argument("--idle-timeout-s", type=float, default=30.0,
+                    help="seconds an idle worker node lives before the autoscaler removes it")
+    ap.add_argument("--cluster-yaml", type=Path, default=REPO_CLUSTER_YAML)
+    args = ap.parse_args(argv)
+    types = node_types_from_cluster_yaml(args.cluster_yaml)
+    print(json.dumps({n: t.provider_resources() for n, t in types.items()}, indent=1))
+    if not args.up:
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    cluster = FakeCluster(types, idle_timeout_s=args.idle_timeout_s, dashboard=args.dashboard)
+    signal.signal(signal.SIGTERM, _interrupt)
+    cluster.start()
+    try:
+        print(f"RAY_ADDRESS={cluster.address}" + (f"  dashboard {cluster.dashboard_url}"
+                                                  if args.dashboard else ""), flush=True)
+        print("holding the cluster; Ctrl-C stops it", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
+        print("cluster stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

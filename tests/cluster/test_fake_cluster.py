@@ -1,0 +1,116 @@
+"""Multi-node Ray on one machine: Ray's autoscaler launches the node types of ray_cluster.yaml
+for pending actors and removes them when idle; a run places each role on its node type."""
+
+import json
+from pathlib import Path
+
+import pytest
+import ray
+
+from compassplay.bench.fake_cluster import (
+    HEAD_TYPE,
+    FakeCluster,
+    alive_nodes_by_type,
+    autoscaling_config,
+    node_types_from_cluster_yaml,
+    wait_for,
+)
+from compassplay.config import load_config
+from compassplay.executors.local import LocalExecutor
+from compassplay.executors.ray_driver import run_pipeline
+from compassplay.records import TIMING_FIELDS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_node_types_are_ray_cluster_yamls_with_laptop_cpus(tmp_path):
+    types = node_types_from_cluster_yaml(ROOT / "ray_cluster.yaml", cpus=2)
+    assert set(types) == {"gpu_worker", "python_verifier", "lean_verifier"}  # not the head
+    assert types["gpu_worker"].resources == {"CPU": 2.0, "GPU": 8.0, "trainer_node": 1.0}
+    assert types["python_verifier"].resources == {"CPU": 2.0, "python_verifier": 4.0}
+    assert types["lean_verifier"].resources == {"CPU": 2.0, "lean_repl": 4.0}
+    cfg = autoscaling_config(types, "127.0.0.1:1234", idle_timeout_s=6)
+    assert cfg["provider"]["gcs_address"] == "127.0.0.1:1234"
+    assert cfg["available_node_types"][HEAD_TYPE]["resources"] == {"CPU": 0}
+    assert cfg["available_node_types"]["lean_verifier"]["resources"]["object_store_memory"] \
+        == 100 * 2**20
+    bad = tmp_path / "c.yaml"
+    bad.write_text("provider: {}\n")
+    with pytest.raises(ValueError, match="c.yaml: cannot read available_node_types"):
+        node_types_from_cluster_yaml(bad)
+
+
+def _alive(cluster) -> dict[str, int]:
+    return alive_nodes_by_type(ray.nodes(), cluster.node_types)
+
+
+@ray.remote
+class Probe:
+    def where(self):
+        from compassplay.actors.whereabouts import here
+        return here()
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_the_autoscaler_adds_each_node_type_on_demand_and_removes_idle_ones(fake_cluster):
+    wait_for("no worker node", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE}, 60)
+    asks = {"lean_verifier": {"resources": {"lean_repl": 1}},
+            "python_verifier": {"resources": {"python_verifier": 1}},
+            "gpu_worker": {"num_gpus": 1, "resources": {"trainer_node": 1}}}
+    probes = {t: Probe.options(num_cpus=0.25, **a).remote() for t, a in asks.items()}
+    where = {t: ray.get(p.where.remote(), timeout=120) for t, p in probes.items()}
+    for kind, loc in where.items():
+        assert loc["node_type"] == kind
+    assert len({loc["node_id"] for loc in where.values()}) == 3
+    assert where["gpu_worker"]["cuda_visible_devices"] == "0"
+    assert where["gpu_worker"]["resources"]["GPU"] == 1
+    assert _alive(fake_cluster) == {HEAD_TYPE: 1, "lean_verifier": 1, "python_verifier": 1,
+                                    "gpu_worker": 1}
+    for p in probes.values():
+        ray.kill(p)
+    wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE}, 90)
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_stopping_a_cluster_ends_its_processes_and_no_other(fake_cluster):
+    other = FakeCluster(node_types=fake_cluster.node_types)
+    other.start()
+    assert other.pids() and not set(other.pids()) & set(fake_cluster.pids())
+    other.stop()
+    assert other.pids() == []
+    assert ray.cluster_resources()  # the module's cluster still answers
+    assert fake_cluster.pids()
+
+
+def _rows(path: Path) -> list[dict]:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
+            for r in rows if r.get("kind", "step") == "step"]
+
+
+@pytest.mark.slow
+@pytest.mark.ray
+def test_a_run_places_each_role_on_its_node_type(fake_cluster, tmp_path):
+    """cluster_local on the autoscaling cluster: learner and scorer together on the trainer
+    node, generators on GPUs of the GPU node, verifiers on python_verifier nodes; the metrics
+    equal the local executor's."""
+    cfg = load_config("cluster_local", ["pipeline.steps=2", "logging.progress=false"])
+    LocalExecutor(cfg, tmp_path / "local").run()
+    run_pipeline(cfg, tmp_path / "ray")
+    placed = json.loads((tmp_path / "ray/placement.json").read_text())
+    assert set(placed) == {"learner", "scorer-0", "proposer", "solver", "verifier-0",
+                           "verifier-1"}
+    learner = placed["learner"]
+    assert learner["node_type"] == "gpu_worker"
+    assert placed["scorer-0"]["node_id"] == learner["node_id"]
+    assert learner["resources"]["trainer_node"] == 0.5
+    for role in ("proposer", "solver"):
+        assert placed[role]["node_type"] == "gpu_worker"
+        assert placed[role]["resources"]["GPU"] == 1 and placed[role]["cuda_visible_devices"]
+    for role in ("verifier-0", "verifier-1"):
+        assert placed[role]["node_type"] == "python_verifier"
+        assert placed[role]["resources"]["python_verifier"] == 1
+    assert _rows(tmp_path / "ray/metrics.jsonl") == _rows(tmp_path / "local/metrics.jsonl")
+    wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE}, 90)
