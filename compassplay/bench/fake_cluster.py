@@ -198,6 +198,33 @@ class FakeCluster:
                 out.append(int(entry.name))
         return out
 
+    def raylet_pid(self, node_id: str) -> int:
+        """The pid of the raylet of node `node_id` (hex, as `ray.nodes()` lists it).
+        LookupError when this cluster runs no such raylet."""
+        for pid in self.pids():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (argv and argv[0].endswith(b"/raylet")
+                    and f"--node_id={node_id}".encode() in argv):
+                return pid
+        raise LookupError(f"no raylet of node {node_id} in cluster {self.temp_dir}")
+
+    def kill_node(self, node_id: str) -> list[int]:
+        """SIGKILL node `node_id` as a machine lost without warning: its raylet and every
+        process under it (the workers holding its actors, their sandboxes, the node's agents)
+        at once. The GCS marks the node dead when its health checks fail (about 30 s in Ray
+        2.60), the node's actors restart elsewhere, and the autoscaler launches a replacement
+        for the demand left pending. Returns the pids killed. (Killing the raylet alone is
+        not a lost node: its workers keep serving calls until the GCS marks the node dead.)"""
+        raylet = self.raylet_pid(node_id)
+        doomed = [raylet, *_descendants(raylet)]
+        _signal_all(doomed, signal.SIGKILL)
+        log.warning("killed node %s: its raylet (pid %d) and %d processes under it", node_id,
+                    raylet, len(doomed) - 1)
+        return doomed
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """End this cluster's processes (SIGTERM, then SIGKILL after `timeout_s`) and remove
         its temp dir."""
@@ -217,6 +244,26 @@ class FakeCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid` in the process tree (from /proc/*/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children.get(p, [])
+    return out
 
 
 def _signal_all(pids: list[int], sig: signal.Signals) -> None:

@@ -64,7 +64,7 @@ from compassplay.config import RunConfig
 from compassplay.errors import RunError
 from compassplay.executors.ray_dispatch import InFlight, RayDispatch, is_fatal
 from compassplay.executors.ray_metrics import RayStepMetrics
-from compassplay.executors.ray_monitors import EvalQueue, LeanMonitor, VerifierStats
+from compassplay.executors.ray_monitors import EvalQueue, LeanMonitor, NodeWatch, VerifierStats
 from compassplay.executors.ray_session import call_when_up, init_ray
 from compassplay.records import StepStats
 from compassplay.run.interrupt import StopRequest
@@ -109,6 +109,7 @@ class Pipeline:
         self.lean = None if actors.lean_fleet is None else LeanMonitor(actors.lean_fleet,
                                                                        metrics)
         self.verifiers = None if metrics is None else VerifierStats(actors.verifiers, metrics)
+        self.nodes = NodeWatch(self.run_dir)
 
     @property
     def eval_reports(self) -> list[EvalReport]:
@@ -211,6 +212,7 @@ class Pipeline:
             stats = stats.model_copy(update=self.lean.step_fields())
         self.recorded.append(stats)
         self.recorded_at.append(time.perf_counter())
+        self.nodes.poll()
         if self.runlog is not None:
             self.runlog.write(stats)
             self.runlog.write_samples(result.extra.get("samples", []))
@@ -239,6 +241,7 @@ class Pipeline:
         A step that fails `pipeline.max_step_retries` times in a row ends the run with an
         error naming the call that failed and why."""
         a = self.actors
+        self.nodes.poll()
         self.failures[failed] = self.failures.get(failed, 0) + 1
         where = failed_call(exc)
         if is_fatal(exc):

@@ -1,5 +1,6 @@
 """What the Ray driver watches beside the steps, none of it blocking a step: evaluations on the
-eval actor, the Lean fleet's actor count, and the sandbox stats of the verifiers."""
+eval actor, the Lean fleet's actor count, the sandbox stats of the verifiers, and the nodes
+that join and leave the cluster."""
 
 from __future__ import annotations
 
@@ -171,3 +172,75 @@ class VerifierStats:
     def _publish(self) -> None:
         if self.latest:
             self.metrics.observe_verifiers(self.latest, time.time())
+
+
+NODE_EVENTS_FILE = "nodes.jsonl"
+BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def node_kind(node: dict[str, Any]) -> str:
+    """A `ray.nodes()` entry's node type: its `ray.io/node-type` label, else the names of the
+    custom resources it offers ('head' for a node that offers none and no CPUs)."""
+    label = (node.get("Labels") or {}).get("ray.io/node-type")
+    if label:
+        return str(label)
+    res = node.get("Resources") or {}
+    custom = sorted(k for k in res if k not in BUILTIN_RESOURCES and not k.startswith("node:")
+                    and not k.startswith("accelerator_type:"))
+    return "+".join(custom) or ("cpu" if res.get("CPU") else "head")
+
+
+class NodeWatch:
+    """The cluster's nodes as the driver sees them between steps: one log line for each node
+    that joins or leaves (a node that leaves is named with the roles `placement.json` put on
+    it), and one line per event in RUN_DIR/nodes.jsonl ({t: unix s, event, node_id,
+    node_type, roles})."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = Path(run_dir) / NODE_EVENTS_FILE
+        self.alive: dict[str, str] = {}
+        self.alive = self._alive()
+        self.events: list[dict[str, Any]] = []
+
+    def _alive(self) -> dict[str, str]:
+        try:
+            return {n["NodeID"]: node_kind(n) for n in ray.nodes() if n.get("Alive")}
+        except RayError as exc:  # the GCS is away: keep the last view
+            log.warning("cluster nodes unavailable (%s)", type(exc).__name__)
+            return dict(self.alive)
+
+    def _placed_on(self, node_id: str) -> tuple[list[str], str]:
+        """The roles placement.json puts on `node_id`, and the node type they saw there."""
+        try:
+            placed = json.loads((self.path.parent / "placement.json").read_text())
+        except (OSError, ValueError):
+            return [], ""
+        here = {r: loc for r, loc in placed.items() if loc.get("node_id") == node_id}
+        return sorted(here), next((loc["node_type"] for loc in here.values()
+                                   if loc.get("node_type")), "")
+
+    def poll(self) -> list[dict[str, Any]]:
+        """Compare the alive nodes with the last call's; log and record what changed."""
+        now = self._alive()
+        new: list[dict[str, Any]] = []
+        for node_id, kind in self.alive.items():
+            if node_id not in now:
+                roles, placed_kind = self._placed_on(node_id)
+                kind = placed_kind or kind
+                log.warning("node %s (%s) left the cluster; it held %s at the run's start",
+                            node_id[:12], kind, ", ".join(roles) or "no actor of this run")
+                new.append({"event": "left", "node_id": node_id, "node_type": kind,
+                            "roles": roles})
+        for node_id, kind in now.items():
+            if node_id not in self.alive:
+                log.info("node %s (%s) joined the cluster", node_id[:12], kind)
+                new.append({"event": "joined", "node_id": node_id, "node_type": kind,
+                            "roles": []})
+        self.alive = now
+        if new:
+            t = time.time()
+            with open(self.path, "a") as fh:
+                for e in new:
+                    fh.write(json.dumps({"t": t, **e}) + "\n")
+            self.events += new
+        return new

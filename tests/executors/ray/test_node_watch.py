@@ -1,0 +1,41 @@
+"""NodeWatch: the nodes that leave and join between two polls, named with the roles placed on
+them (ray.nodes() replaced by a list the test changes; the real cluster: tests/cluster/)."""
+
+import json
+
+from compassplay.executors import ray_monitors
+from compassplay.executors.ray_monitors import NodeWatch, node_kind
+
+
+def _node(node_id: str, alive: bool = True, **resources: float) -> dict:
+    return {"NodeID": node_id, "Alive": alive, "Labels": {},
+            "Resources": {"CPU": 2.0, f"node:{node_id}": 1.0, **resources}}
+
+
+def test_a_node_that_leaves_is_named_with_its_roles_and_one_that_joins_is_recorded(
+        tmp_path, monkeypatch):
+    nodes = [_node("head", CPU=0.0), _node("aaa", python_verifier=4.0), _node("bbb", GPU=8.0)]
+    monkeypatch.setattr(ray_monitors.ray, "nodes", lambda: list(nodes))
+    (tmp_path / "placement.json").write_text(json.dumps({
+        "verifier-0": {"node_id": "aaa", "node_type": "python_verifier"},
+        "verifier-1": {"node_id": "aaa", "node_type": "python_verifier"},
+        "learner": {"node_id": "bbb", "node_type": "gpu_worker"}}))
+    watch = NodeWatch(tmp_path)
+    assert watch.poll() == []
+    nodes[1] = _node("aaa", alive=False, python_verifier=4.0)
+    nodes.append(_node("ccc", python_verifier=4.0))
+    events = watch.poll()
+    assert [(e["event"], e["node_id"], e["node_type"], e["roles"]) for e in events] == [
+        ("left", "aaa", "python_verifier", ["verifier-0", "verifier-1"]),
+        ("joined", "ccc", "python_verifier", [])]
+    written = [json.loads(line) for line in (tmp_path / "nodes.jsonl").read_text().splitlines()]
+    assert [e["node_id"] for e in written] == ["aaa", "ccc"] and all(e["t"] > 0 for e in written)
+    assert watch.poll() == []
+
+
+def test_node_kind_prefers_the_label_then_custom_resources():
+    assert node_kind({"Labels": {"ray.io/node-type": "gpu_worker"}, "Resources": {}}) == \
+        "gpu_worker"
+    assert node_kind(_node("x", GPU=8.0, trainer_node=1.0)) == "trainer_node"
+    assert node_kind(_node("y", CPU=0.0)) == "head"
+    assert node_kind(_node("z")) == "cpu"
