@@ -3,7 +3,8 @@
 Every actor answers `where()` with `here()`, called in its own process. After the actors are
 up the driver writes the answers to `RUN_DIR/placement.json` (role -> location) and logs one
 line per node, so a run spread over a cluster says which node holds which role (and the node
-named in a later failure can be looked up there).
+named in a later failure can be looked up there). `node_kind` names a node of `ray.nodes()`
+the same way for the driver's view of the cluster.
 """
 
 from __future__ import annotations
@@ -20,6 +21,19 @@ from ray.exceptions import GetTimeoutError, RayActorError
 log = logging.getLogger(__name__)
 
 NODE_TYPE_ENV = "RAY_NODE_TYPE_NAME"  # set on nodes Ray's autoscaler launched
+BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
+
+
+def node_kind(node: dict[str, Any]) -> str:
+    """A `ray.nodes()` entry's node type: its `ray.io/node-type` label, else the names of the
+    custom resources it offers ('head' for a node that offers none and no CPUs)."""
+    label = (node.get("Labels") or {}).get("ray.io/node-type")
+    if label:
+        return str(label)
+    res = node.get("Resources") or {}
+    custom = sorted(k for k in res if k not in BUILTIN_RESOURCES and not k.startswith("node:")
+                    and not k.startswith("accelerator_type:"))
+    return "+".join(custom) or ("cpu" if res.get("CPU") else "head")
 
 
 def here() -> dict[str, Any]:

@@ -37,11 +37,12 @@ from typing import Any
 
 import yaml
 
+from compassplay.actors.whereabouts import BUILTIN_RESOURCES
+
 log = logging.getLogger(__name__)
 
 HEAD_TYPE = "ray.head.default"  # the fake provider's fixed name for the head's node type
 REPO_CLUSTER_YAML = Path(__file__).resolve().parents[2] / "ray_cluster.yaml"
-CUSTOM_TYPE_KEYS = ("CPU", "GPU", "memory", "object_store_memory")
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def node_types_from_cluster_yaml(path: Path = REPO_CLUSTER_YAML, cpus: float = 2
         res = dict((body or {}).get("resources") or {})
         if name == head or name == "head" or res.get("CPU", 1) == 0:
             continue  # the head runs no actors
-        resources = {k: float(v) for k, v in res.items() if k not in CUSTOM_TYPE_KEYS}
+        resources = {k: float(v) for k, v in res.items() if k not in BUILTIN_RESOURCES}
         resources["CPU"] = float(cpus)
         if res.get("GPU"):
             resources["GPU"] = float(res["GPU"])
@@ -279,7 +280,7 @@ def node_type_of(node: Mapping[str, Any], node_types: Mapping[str, FakeNodeType]
     (the head when none); '?' when none matches."""
     have = node.get("Resources", {})
     for t in node_types.values():
-        custom = [k for k in t.resources if k not in CUSTOM_TYPE_KEYS]
+        custom = [k for k in t.resources if k not in BUILTIN_RESOURCES]
         if custom and all(k in have for k in custom):
             return t.name
     return HEAD_TYPE if not have.get("CPU") else "?"

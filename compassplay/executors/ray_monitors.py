@@ -14,6 +14,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayError
 
+from compassplay.actors.whereabouts import node_kind
 from compassplay.config import RunConfig
 from compassplay.run.metrics import RunMetrics
 from compassplay.run.runlog import RunLog
@@ -175,21 +176,6 @@ class VerifierStats:
 
 
 NODE_EVENTS_FILE = "nodes.jsonl"
-BUILTIN_RESOURCES = ("CPU", "GPU", "memory", "object_store_memory")
-
-
-def node_kind(node: dict[str, Any]) -> str:
-    """A `ray.nodes()` entry's node type: its `ray.io/node-type` label, else the names of the
-    custom resources it offers ('head' for a node that offers none and no CPUs)."""
-    label = (node.get("Labels") or {}).get("ray.io/node-type")
-    if label:
-        return str(label)
-    res = node.get("Resources") or {}
-    custom = sorted(k for k in res if k not in BUILTIN_RESOURCES and not k.startswith("node:")
-                    and not k.startswith("accelerator_type:"))
-    return "+".join(custom) or ("cpu" if res.get("CPU") else "head")
-
-
 class NodeWatch:
     """The cluster's nodes as the driver sees them between steps: one log line for each node
     that joins or leaves (a node that leaves is named with the roles `placement.json` put on

@@ -9,8 +9,10 @@ from compassplay.bench.fake_cluster import FakeCluster
 
 
 @pytest.fixture(scope="module")
-def fake_cluster():
-    cluster = FakeCluster(idle_timeout_s=6.0)
+def fake_cluster(request):
+    """The module's cluster; a module's `CLUSTER_ENV` (a dict) adds Ray settings to it."""
+    cluster = FakeCluster(idle_timeout_s=6.0, env=dict(getattr(request.module, "CLUSTER_ENV",
+                                                               {})))
     cluster.start()
     try:
         ray.init(address=cluster.address, log_to_driver=False)

@@ -18,7 +18,7 @@ from compassplay.bench.fake_cluster import (
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
 from compassplay.executors.ray_driver import run_pipeline
-from compassplay.records import TIMING_FIELDS
+from tests.executors.ray.test_pipeline import metric_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -84,12 +84,6 @@ def test_stopping_a_cluster_ends_its_processes_and_no_other(fake_cluster):
     assert fake_cluster.pids()
 
 
-def _rows(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
-            for r in rows if r.get("kind", "step") == "step"]
-
-
 @pytest.mark.slow
 @pytest.mark.ray
 def test_a_run_places_each_role_on_its_node_type(fake_cluster, tmp_path):
@@ -112,5 +106,5 @@ def test_a_run_places_each_role_on_its_node_type(fake_cluster, tmp_path):
     for role in ("verifier-0", "verifier-1"):
         assert placed[role]["node_type"] == "python_verifier"
         assert placed[role]["resources"]["python_verifier"] == 1
-    assert _rows(tmp_path / "ray/metrics.jsonl") == _rows(tmp_path / "local/metrics.jsonl")
+    assert metric_rows(tmp_path / "ray/metrics.jsonl") == metric_rows(tmp_path / "local/metrics.jsonl")
     wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE}, 90)

@@ -16,37 +16,19 @@ from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_b
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
 from compassplay.executors.ray_driver import run_pipeline
-from compassplay.records import TIMING_FIELDS
+from tests.executors.ray.test_pipeline import metric_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 OVERRIDES = ["pipeline.steps=3", "logging.progress=false", "learner.checkpoint_every=1"]
-
-
-def _rows(path: Path) -> list[dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS}
-            for r in rows if r.get("kind", "step") == "step"]
-
-
-@pytest.fixture(scope="module")
-def fake_cluster():
-    cluster = FakeCluster(idle_timeout_s=6.0, env={
-        "RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-        "RAY_health_check_failure_threshold": "3"})
-    cluster.start()
-    try:
-        ray.init(address=cluster.address, log_to_driver=False)
-        yield cluster
-    finally:
-        ray.shutdown()
-        cluster.stop()
+CLUSTER_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
+               "RAY_health_check_failure_threshold": "3"}  # read by conftest's fake_cluster
 
 
 @pytest.fixture(scope="module")
 def local_rows(tmp_path_factory) -> list[dict]:
     out = tmp_path_factory.mktemp("local")
     LocalExecutor(load_config("cluster_local", OVERRIDES), out).run()
-    return _rows(out / "metrics.jsonl")
+    return metric_rows(out / "metrics.jsonl")
 
 
 class NodeKiller(threading.Thread):
@@ -59,12 +41,15 @@ class NodeKiller(threading.Thread):
         self.steps_before_kill = -1
         self.error: BaseException | None = None
 
+    def _steps_recorded(self) -> int:
+        path = self.run_dir / "metrics.jsonl"
+        return len(metric_rows(path)) if path.exists() else 0
+
     def run(self) -> None:
         try:
-            wait_for("step 0 recorded", lambda: len(_rows(self.run_dir / "metrics.jsonl")) >= 1,
-                     300, poll_s=0.2)
+            wait_for("step 0 recorded", lambda: self._steps_recorded() >= 1, 300, poll_s=0.2)
             placed = json.loads((self.run_dir / "placement.json").read_text())
-            self.steps_before_kill = len(_rows(self.run_dir / "metrics.jsonl"))
+            self.steps_before_kill = self._steps_recorded()
             self.killed = placed[self.role]["node_id"]
             self.cluster.kill_node(self.killed)
         except BaseException as exc:  # reported by the test
@@ -92,7 +77,7 @@ def test_a_verifier_node_lost_mid_run_is_replaced_and_nothing_is_lost(fake_clust
                                                                       tmp_path):
     killer = _run_with_kill(fake_cluster, tmp_path, "verifier-0")
     assert 1 <= killer.steps_before_kill < 3  # the kill landed while the run went on
-    assert _rows(tmp_path / "metrics.jsonl") == local_rows
+    assert metric_rows(tmp_path / "metrics.jsonl") == local_rows
     events = _events(tmp_path)
     left = [e for e in events if e["event"] == "left"]
     assert [e["node_id"] for e in left] == [killer.killed]
@@ -110,7 +95,7 @@ def test_the_learners_node_lost_mid_run_rolls_back_and_ends_equal(fake_cluster, 
     start = time.monotonic()
     killer = _run_with_kill(fake_cluster, tmp_path, "learner")
     assert 1 <= killer.steps_before_kill < 3
-    rows = _rows(tmp_path / "metrics.jsonl")
+    rows = metric_rows(tmp_path / "metrics.jsonl")
     # The restored learner publishes fresh weight versions (above any an actor may hold), so
     # the versions after the rollback skip ahead; every other figure equals the local run's.
     assert [_unversioned(r) for r in rows] == [_unversioned(r) for r in local_rows]

@@ -3,8 +3,9 @@ them (ray.nodes() replaced by a list the test changes; the real cluster: tests/c
 
 import json
 
+from compassplay.actors.whereabouts import node_kind
 from compassplay.executors import ray_monitors
-from compassplay.executors.ray_monitors import NodeWatch, node_kind
+from compassplay.executors.ray_monitors import NodeWatch
 
 
 def _node(node_id: str, alive: bool = True, **resources: float) -> dict:
