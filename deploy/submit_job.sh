@@ -12,6 +12,9 @@
 #   NO_WAIT=1    return after submission instead of tailing the logs
 #                (then: ray job logs -f JOB_ID / ray job status JOB_ID / ray job stop JOB_ID)
 #   RAY_BIN      the `ray` executable (default: ray on PATH)
+#   STOP_WAIT_S  seconds `ray job stop` waits for the run's clean stop before it SIGKILLs the
+#                driver (default 60; Ray's own default is 3 s, too short to drop the in-flight
+#                step and end the actors: RAY_JOB_STOP_WAIT_TIME_S in the job's runtime env)
 #   COMPASSPLAY_DATA_DIR  data folder on the cluster's nodes (the 7B configs' AZR seed sets)
 #   extra args   dotted overrides passed to `compassplay run`, e.g. pipeline.steps=10
 #                run.output_dir=/mnt/runs (use shared storage on multi-node clusters)
@@ -41,7 +44,7 @@ if [[ -n "${COMPASSPLAY_DATA_DIR:-}" ]]; then
   DATA_ENV=", \"COMPASSPLAY_DATA_DIR\": \"${COMPASSPLAY_DATA_DIR}\""
 fi
 RUNTIME_ENV='{"excludes": [".venv", "runs", ".git", ".pytest_cache", ".ruff_cache"],
-  "env_vars": {"PYTHONUNBUFFERED": "1"'"${DATA_ENV}"'}}'
+  "env_vars": {"PYTHONUNBUFFERED": "1", "RAY_JOB_STOP_WAIT_TIME_S": "'"${STOP_WAIT_S:-60}"'"'"${DATA_ENV}"'}}'
 
 flags=()
 if [[ "${NO_WAIT:-0}" == "1" ]]; then

@@ -16,6 +16,16 @@ Facts about Ray 2.60 behind the config below: the wheel does not ship
 `fake_multi_node/example.yaml`, so every field the launcher validates is written out; the
 provider builds each node's GCS address from `provider.gcs_address`, needed when the head's
 port is not 6379 (ray/autoscaler/_private/fake_multi_node/node_provider.py).
+
+Every node of such a cluster shares the head's session folder, and with it the folder where
+each node's runtime-env agent unpacks a job's `working_dir`. Ray unpacks it with
+`overwrite=True` on a node's first use (ray/_private/runtime_env/working_dir.py, `create`;
+packaging.py, `download_and_unpack_package` removes the folder and unzips again), which on a
+real cluster touches only that node's own disk but here deletes the files the workers of the
+nodes that started earlier are importing: a job's actor on a node added while the run started
+failed with `ModuleNotFoundError: compassplay.config.run_config` (reproduced 2026-12-04 in
+tests/cluster/test_job_submit.py). So each fake worker node gets its own runtime-env folder,
+as each real node has its own disk (`OWN_RUNTIME_DIRS`, set in the autoscaler's process).
 """
 
 from __future__ import annotations
@@ -117,6 +127,28 @@ def autoscaling_config(node_types: Mapping[str, FakeNodeType], gcs_address: str,
     }
 
 
+# Imported by every Python process started under the head (PYTHONPATH); acts only in Ray's
+# autoscaler monitor, where the fake provider builds each worker node's RayParams: the node's
+# runtime-env folder is named after its node id instead of the shared `runtime_resources`.
+OWN_RUNTIME_DIRS = """\
+import os
+if os.environ.get("COMPASSPLAY_FAKE_NODE_RUNTIME_DIRS") == "1":
+    with open("/proc/self/cmdline", "rb") as _f:
+        _monitor = b"autoscaler/_private/monitor.py" in _f.read()
+    if _monitor:
+        from ray._private import parameter as _parameter
+        _init = _parameter.RayParams.__init__
+
+        def _own_runtime_dir(self, *args, **kwargs):
+            _init(self, *args, **kwargs)
+            node = (kwargs.get("env_vars") or {}).get("RAY_OVERRIDE_NODE_ID_FOR_TESTING")
+            if node and kwargs.get("runtime_env_dir_name") is None:
+                self.runtime_env_dir_name = "runtime_resources_" + node
+
+        _parameter.RayParams.__init__ = _own_runtime_dir
+"""
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -162,9 +194,14 @@ class FakeCluster:
         cfg_file = self.temp_dir / "autoscaling.yaml"
         cfg_file.write_text(yaml.safe_dump(autoscaling_config(
             self.node_types, self.address, self.idle_timeout_s)))
+        site = self.temp_dir / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(OWN_RUNTIME_DIRS)
+        path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
         env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "disabled",
                "AUTOSCALER_UPDATE_INTERVAL_S": str(int(self.update_interval_s)),
-               "RAY_USAGE_STATS_ENABLED": "0", **self.env}
+               "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": path,
+               "COMPASSPLAY_FAKE_NODE_RUNTIME_DIRS": "1", **self.env}
         cmd = [ray_cli(), "start", "--head", "--num-cpus=0", "--num-gpus=0",
                f"--port={self.port}", "--node-ip-address=127.0.0.1",
                f"--temp-dir={self.temp_dir}", f"--autoscaling-config={cfg_file}",

@@ -19,6 +19,7 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError
 
 from compassplay.config import RunConfig
 from compassplay.errors import RunError
+from compassplay.run.interrupt import reclaim_signals
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ def init_ray(cfg: RunConfig) -> bool:
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
     if address:
         ctx = ray.init(address=address, log_to_driver=True)
+        reclaim_signals()
         announce_dashboard(getattr(ctx, "dashboard_url", None))
         return False
     c = cfg.cluster
@@ -78,6 +80,7 @@ def init_ray(cfg: RunConfig) -> bool:
             raise
         raise RunError(f"cluster.dashboard_port: {exc} (or set cluster.dashboard=false)"
                        ) from None
+    reclaim_signals()
     if dash:
         announce_dashboard(getattr(ctx, "dashboard_url", None))
     return True

@@ -10,6 +10,10 @@
   `stop.check()` about once a second, drop the in-flight step, kill the actors and shut an
   embedded Ray down.
 
+`ray.init` installs Ray's own failure-signal handler for SIGTERM in C (it prints "*** SIGTERM
+received" and ends the process), over ours; `reclaim_signals()` installs ours again and the Ray
+session calls it after each `ray.init`, so `ray job stop` stops a run as Ctrl-C does.
+
 Checkpoints are written atomically, so the last one stays; the message names the resume
 command. A second signal, during that clean-up, ends the process at once with exit code 130
 (seen by a watcher thread, so even while the main thread is blocked in C).
@@ -27,6 +31,8 @@ from contextlib import contextmanager
 from compassplay.errors import RunInterrupted
 
 EXIT_CODE = 130  # the shell's code for "terminated by SIGINT"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+_active: list[StopRequest] = []  # the StopRequests of the graceful_stop blocks now open
 
 
 def interrupted(resume_hint: str) -> RunInterrupted:
@@ -79,19 +85,30 @@ def graceful_stop(resume_hint: str) -> Iterator[StopRequest]:
     if threading.current_thread() is not threading.main_thread():
         yield stop  # signal handlers live in the main thread only (tests run from threads)
         return
-    previous = {s: signal.signal(s, stop.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, stop.handle) for s in STOP_SIGNALS}
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     old_wakeup = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     threading.Thread(target=_count_deliveries, args=(read_fd,), daemon=True,
                      name="compassplay-second-interrupt").start()
+    _active.append(stop)
     try:
         yield stop
     finally:
+        _active.remove(stop)
         signal.set_wakeup_fd(old_wakeup)
         os.close(write_fd)  # the watcher reads EOF and ends
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def reclaim_signals() -> None:
+    """Install the innermost open `graceful_stop`'s handlers again (after a library such as
+    Ray replaced them at the C level, where `signal.getsignal` does not see it). No-op outside
+    a `graceful_stop` block or off the main thread."""
+    if _active and threading.current_thread() is threading.main_thread():
+        for s in STOP_SIGNALS:
+            signal.signal(s, _active[-1].handle)
 
 
 def _count_deliveries(read_fd: int) -> None:
@@ -104,7 +121,7 @@ def _count_deliveries(read_fd: int) -> None:
             data = os.read(read_fd, 64)
             if not data:
                 return
-            seen += sum(1 for b in data if b in (signal.SIGINT, signal.SIGTERM))
+            seen += sum(1 for b in data if b in STOP_SIGNALS)
             if seen >= 2:
                 _exit_now()
     finally:

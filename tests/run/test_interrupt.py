@@ -44,6 +44,37 @@ def test_first_signal_raises_in_plain_code_and_only_flags_in_deferred_code():
         signal.signal(signal.SIGINT, found)
 
 
+# a driver as `compassplay run` makes it: our handlers, then Ray's session (which installs
+# Ray's C-level failure-signal handler for SIGTERM), then `ray job stop`'s SIGTERM
+SIGTERM_AFTER_RAY_INIT = """
+import os, signal, sys, time
+from compassplay.config import load_config
+from compassplay.executors.ray_session import init_ray
+from compassplay.run.interrupt import graceful_stop
+import ray
+cfg = load_config(sys.argv[1], ["cluster.dashboard=false"])
+with graceful_stop("hint") as stop:
+    with stop.deferred():
+        init_ray(cfg)
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not stop.requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+        print("requested" if stop.requested else "not requested", flush=True)
+    ray.shutdown()
+"""
+
+
+@pytest.mark.ray
+def test_sigterm_after_ray_init_is_a_clean_stop_request_not_rays_crash_handler():
+    done = subprocess.run([sys.executable, "-c", SIGTERM_AFTER_RAY_INIT, str(WARM)], cwd=ROOT,
+                          env={**os.environ, "RAY_AUTH_MODE": "disabled"}, capture_output=True,
+                          text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-3000:]
+    assert "requested" in done.stdout.split() and "SIGTERM received" not in out, out[-3000:]
+
+
 def _start(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen(

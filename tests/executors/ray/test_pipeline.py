@@ -70,19 +70,24 @@ def test_ray_executor_equals_local_executor(tmp_path, ray_local, staleness, veri
         assert order == sorted(order)
 
 
-def _kill_after_first_step(role: str):
+ROLES = ["verifier", "scorer", "solver", "proposer", "learner"]
+
+
+def _kill_one_role_per_step(roles: list[str]):
+    """A hook that kills `roles[k]`'s actor (Ray restarts it) as step k is recorded."""
     def hook(pipeline):
         original = pipeline.progress
-        killed = []
+        killed: list[tuple[int, str]] = []
 
         def progress(stats):
-            if not killed:
+            if len(killed) < len(roles):
+                role = roles[len(killed)]
                 actors = pipeline.actors
                 handle = {"verifier": actors.verifiers[0], "scorer": actors.scorers[0],
                           "solver": actors.solver, "proposer": actors.proposer,
                           "learner": actors.learner.ranks[0]}[role]
                 ray.kill(handle, no_restart=False)
-                killed.append(stats.step)
+                killed.append((stats.step, role))
             if original is not None:
                 original(stats)
         pipeline.progress = progress
@@ -90,17 +95,19 @@ def _kill_after_first_step(role: str):
     return hook
 
 
-@pytest.mark.parametrize("role", ["verifier", "scorer", "solver", "proposer", "learner"])
-def test_actor_killed_mid_run_completes_with_exact_step_accounting(tmp_path, ray_local, role):
-    cfg = load_config(WARM, WARM_FAST + ["pipeline.steps=4", "pipeline.staleness=1",
-                                         "learner.checkpoint_every=1", f"run.name=kill-{role}"])
-    pipe = run_pipeline(cfg, tmp_path / role, on_pipeline=_kill_after_first_step(role))
-    assert pipe.killed == [0]
-    rows = metric_rows(tmp_path / role / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+def test_each_actor_killed_mid_run_completes_with_exact_step_accounting(tmp_path, ray_local):
+    """One run, one role's actor killed after each of steps 0-4 (verifier, scorer, solver,
+    proposer, learner): every step is recorded once, in order, with its own weight version."""
+    steps = len(ROLES) + 1
+    cfg = load_config(WARM, WARM_FAST + [f"pipeline.steps={steps}", "pipeline.staleness=1",
+                                         "learner.checkpoint_every=1", "run.name=kill"])
+    pipe = run_pipeline(cfg, tmp_path / "kill", on_pipeline=_kill_one_role_per_step(ROLES))
+    assert pipe.killed == list(enumerate(ROLES))
+    rows = metric_rows(tmp_path / "kill" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == list(range(steps))
     versions = [r["weight_version"] for r in rows]
-    assert versions == sorted(versions) and len(set(versions)) == 4
-    assert [s.step for s in pipe.recorded] == [0, 1, 2, 3]
+    assert versions == sorted(versions) and len(set(versions)) == steps
+    assert [s.step for s in pipe.recorded] == list(range(steps))
 
 
 def test_prometheus_endpoint_scraped_during_run(tmp_path, ray_local):
