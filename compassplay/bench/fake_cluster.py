@@ -207,7 +207,11 @@ class FakeCluster:
                f"--temp-dir={self.temp_dir}", f"--autoscaling-config={cfg_file}",
                "--object-store-memory=100000000", "--disable-usage-stats"]
         cmd += ([f"--dashboard-port={self.dashboard_port}", "--include-dashboard=true",
-                 "--dashboard-host=127.0.0.1"] if self.dashboard
+                 "--dashboard-host=127.0.0.1",
+                 # the head's job agent: Ray's fixed default (52365) is often held by another
+                 # Ray on the machine, and then the agent serves no HTTP and every job submit
+                 # answers "No available agent" (ray/dashboard/agent.py, `run`)
+                 f"--dashboard-agent-listen-port={free_port()}"] if self.dashboard
                 else ["--include-dashboard=false"])
         log.info("starting a fake multi-node Ray cluster at %s (temp dir %s, node types %s)",
                  self.address, self.temp_dir, ", ".join(self.node_types))
