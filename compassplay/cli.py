@@ -21,7 +21,7 @@ from compassplay.run.interrupt import EXIT_CODE
 
 # The config `run` and `config show` use without --config (compassplay/configs/default.yaml)
 DEFAULT_CONFIG = "default"
-BENCHES = ("scorer", "sandbox", "generate", "step", "tasks", "pipeline", "gpu", "run")
+BENCHES = ("scorer", "sandbox", "generate", "step", "tasks", "pipeline", "gpu", "run", "cluster")
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
@@ -192,12 +192,13 @@ def _config(args: argparse.Namespace) -> int:
 
 def _summary_text(run_dir: Path) -> str:
     """The end-of-run table; the plot is written next to metrics.jsonl."""
-    from compassplay.run.plot import plot_run
+    from compassplay.run.plot import plot_lean_fleet, plot_run
     from compassplay.run.summary import format_summary, run_summary
 
     try:
         plot = plot_run(run_dir)
-    except (ImportError, ValueError) as e:  # no matplotlib, or no step to plot
+        plot_lean_fleet(run_dir)
+    except (ImportError, ValueError) as e:  # no matplotlib, no step to plot, a bad row
         logging.getLogger(__name__).warning("no plot: %s", e)
         plot = None
     summary = run_summary(run_dir)
@@ -249,9 +250,12 @@ def main(argv: list[str] | None = None) -> int:
 
             return reference_build.run(args)
         if args.cmd == "plot":
-            from compassplay.run.plot import plot_run
+            from compassplay.run.plot import plot_lean_fleet, plot_run
 
             print(plot_run(args.run_dir, args.out))
+            fleet = plot_lean_fleet(args.run_dir)
+            if fleet is not None:
+                print(fleet)
             return 0
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -44,6 +44,10 @@ class LeanVerifierFleet:
         self._t0 = clock()
         self._unplaced: dict[int, tuple[Any, float]] = {}  # id(actor) -> (ready ref, added at)
         self.failure = ""  # why a LeanVerifier could not start (its constructor's error)
+        # seconds from an actor's creation (the demand) to its `ready` answer (placed on a
+        # node, the autoscaler's launch included, and constructed), for each actor that came
+        # up since the last `take_start_waits`
+        self._start_waits: list[float] = []
         for _ in range(scaler.min_actors):
             self._add()
 
@@ -134,13 +138,23 @@ class LeanVerifierFleet:
             return
         refs = {ref: key for key, (ref, _) in self._unplaced.items()}
         done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+        now = self._clock()
         for ref in done:
-            self._unplaced.pop(refs[ref])
+            _, added = self._unplaced.pop(refs[ref])
             try:
                 ray.get(ref)
             except Exception as exc:  # noqa: BLE001 -- reported by failure, once
                 from compassplay.actors.startup import describe_cause
                 self.failure = self.failure or describe_cause(exc)
+            else:
+                self._start_waits.append(round(now - added, 3))
+
+    def take_start_waits(self) -> list[float]:
+        """Seconds from demand to a started actor, for the actors started since the last call
+        (polled actors only: a start is seen at the poll after it)."""
+        self._check_placed()
+        out, self._start_waits = self._start_waits, []
+        return out
 
     def stats(self) -> list[dict[str, Any]]:
         """Each actor's pool stats (blocks until every actor answers)."""

@@ -11,8 +11,10 @@ waiting for resources only when none is placed; the pure decisions of this modul
 `verifiers/lean_routing.py`), returning their
 ObjectRefs: the verifier actor waits on them, not the fleet actor. A background thread polls
 every `scaling.poll_s`, so actors go after `scaling.idle_grace_s` without traffic, and records
-(t, backlog, actors) whenever they change (`history()`; the driver writes lean_fleet.jsonl and
-per-step `lean_actors` fields).
+(t, backlog, actors) whenever they change (`history()`, the driver's per-step `lean_actors`
+fields). Its timeline (`take_timeline()`) adds what the cluster did about it: placed actors,
+alive nodes per type, and the seconds from each actor's demand to its start; the driver
+appends it to lean_fleet.jsonl once per step (`ray_monitors.LeanMonitor`).
 
 Nothing waits silently: an actor that is not placed (no node has a free `lean_repl`) is logged
 every 10 s with what it asks for and what the cluster has free; after
@@ -35,7 +37,7 @@ import ray
 from ray.exceptions import RayActorError, RayError
 
 from compassplay.actors.lean_fleet import LeanVerifierFleet
-from compassplay.actors.whereabouts import here
+from compassplay.actors.whereabouts import here, node_kind
 from compassplay.errors import FatalStageError, ResourceWaitError
 from compassplay.verifiers.lean_messages import STATUSES, LeanVerdict
 from compassplay.verifiers.lean_pool import LeanCheck, LeanPool, as_check
@@ -74,6 +76,10 @@ class LeanFleetActor:
         self._t0 = time.monotonic()
         self._peak = self.fleet.size()
         self._history: list[tuple[float, int, int]] = []
+        self._timeline: list[dict[str, Any]] = []  # rows since the last take_timeline()
+        self._last_row: tuple = ()
+        self._nodes: dict[str, int] = {}
+        self._nodes_at = -1e9  # monotonic s of the last node count
         self._problem: Problem = NO_PROBLEM
         self._last_log = 0.0
         self._note()
@@ -128,6 +134,16 @@ class LeanFleetActor:
         with self._lock:
             return list(self._history)
 
+    def take_timeline(self) -> list[dict[str, Any]]:
+        """The timeline rows recorded since the last call (and forgets them): {t: s since the
+        fleet started, unix: s, backlog, actors, placed, nodes: {node type: alive count},
+        start_waits: [s from demand to a started actor, for each actor started since the
+        row before]}; a row is kept whenever one of these changes."""
+        with self._lock:
+            self._note()
+            out, self._timeline = self._timeline, []
+            return out
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
@@ -149,8 +165,28 @@ class LeanFleetActor:
     def _note(self) -> None:
         size, backlog = self.fleet.size(), self.fleet.backlog()
         self._peak = max(self._peak, size)
+        t = round(time.monotonic() - self._t0, 2)
         if not self._history or self._history[-1][1:] != (backlog, size):
-            self._history.append((round(time.monotonic() - self._t0, 2), backlog, size))
+            self._history.append((t, backlog, size))
+        placed, waits, nodes = self.fleet.placed(), self.fleet.take_start_waits(), self._count()
+        row = (backlog, size, placed, tuple(sorted(nodes.items())))
+        if waits or row != self._last_row:
+            self._last_row = row
+            self._timeline.append({"t": t, "unix": round(time.time(), 3), "backlog": backlog,
+                                   "actors": size, "placed": placed, "nodes": nodes,
+                                   "start_waits": waits})
+
+    def _count(self, every_s: float = 1.0) -> dict[str, int]:
+        """Alive nodes per node type (`whereabouts.node_kind`), asked of the GCS at most every
+        `every_s` seconds; the last count while the GCS does not answer."""
+        now = time.monotonic()
+        if now - self._nodes_at >= every_s:
+            self._nodes_at = now
+            try:
+                self._nodes = dict(Counter(node_kind(n) for n in ray.nodes() if n.get("Alive")))
+            except Exception:  # noqa: BLE001 -- a count for the timeline only
+                log.debug("node count unavailable", exc_info=True)
+        return dict(self._nodes)
 
     def _watch(self) -> None:
         """Log actors waiting for placement; past resource_wait_s (or on a constructor

@@ -33,8 +33,9 @@ version; at the end the driver waits at most `eval.final_wait_s` for those still
 Lean (task.domain=lean, verifiers.lean.backend=fleet): the verifier actors send their Lean
 checks to the run's LeanFleetActor (`actors.lean_router`), which grows and shrinks a set of
 LeanVerifier actors with the backlog. Each recorded step gets the fleet's actor count
-(`lean_actors`, and `lean_actors_peak` since the previous step); at the end its (t, backlog,
-actors) changes go to lean_fleet.jsonl. A fleet that cannot place an actor within
+(`lean_actors`, and `lean_actors_peak` since the previous step), and the fleet's timeline
+(backlog, actors, placed actors, alive nodes per type, seconds from demand to a started actor)
+is appended to lean_fleet.jsonl (plotted to lean_fleet.png at the end). A fleet that cannot place an actor within
 `verifiers.lean.resource_wait_s` stops the run with a message naming the resource (no retry).
 
 Faults: verifier and scorer actors restart and Ray retries their in-flight calls (both are
@@ -107,7 +108,7 @@ class Pipeline:
         self.failures: dict[int, int] = {}  # step -> failures so far
         self.evals = EvalQueue(cfg, actors.evaluator, runlog, self.nccl)
         self.lean = None if actors.lean_fleet is None else LeanMonitor(actors.lean_fleet,
-                                                                       metrics)
+                                                                       metrics, self.run_dir)
         self.verifiers = None if metrics is None else VerifierStats(actors.verifiers, metrics)
         self.nodes = NodeWatch(self.run_dir)
 
@@ -315,6 +316,7 @@ class Pipeline:
             try:
                 while not ray.wait([oldest.result], timeout=1.0)[0]:
                     self.stop.check()  # Ctrl-C: drop the steps in flight (run_pipeline cleans up)
+                    self.nodes.poll_due()  # a node that comes and goes within a step is seen
                     if self.on_stage is not None:
                         self.on_stage(oldest.step, oldest.running_stage())
                 result = ray.get(oldest.result)
@@ -327,7 +329,7 @@ class Pipeline:
         if self.verifiers is not None:
             self.verifiers.finish()
         if self.lean is not None:
-            self.lean.finish(self.run_dir)
+            self.lean.finish()
         return self.recorded
 
 

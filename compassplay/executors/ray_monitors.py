@@ -17,7 +17,7 @@ from ray.exceptions import RayError
 from compassplay.actors.whereabouts import node_kind
 from compassplay.config import RunConfig
 from compassplay.run.metrics import RunMetrics
-from compassplay.run.runlog import RunLog
+from compassplay.run.runlog import LEAN_FLEET_FILE, RunLog
 from compassplay.workers.eval_worker import EvalReport
 
 log = logging.getLogger(__name__)
@@ -103,8 +103,9 @@ class LeanMonitor:
     """The run's LeanFleetActor as the driver sees it: actor counts per step, history at the
     end (each call waits at most 60 s; a fleet that does not answer is logged, not fatal)."""
 
-    def __init__(self, fleet: Any, metrics: RunMetrics | None) -> None:
+    def __init__(self, fleet: Any, metrics: RunMetrics | None, run_dir: Path) -> None:
         self.fleet, self.metrics = fleet, metrics
+        self.path = Path(run_dir) / LEAN_FLEET_FILE
         self.history: list[tuple[float, int, int]] = []  # (t s, backlog, actors)
 
     def step_fields(self) -> dict[str, int]:
@@ -119,18 +120,29 @@ class LeanMonitor:
                  state["unplaced"])
         if self.metrics is not None:
             self.metrics.observe_lean(state)
+        self.append_timeline()
         return {"lean_actors": state["actors"], "lean_actors_peak": state["peak"]}
 
-    def finish(self, run_dir: Path) -> None:
-        """Keep the fleet's (t, backlog, actors) history and write it to lean_fleet.jsonl."""
+    def append_timeline(self) -> int:
+        """Append the fleet's timeline rows since the last call to RUN_DIR/lean_fleet.jsonl
+        (`LeanFleetActor.take_timeline`); returns how many."""
+        try:
+            rows = ray.get(self.fleet.take_timeline.remote(), timeout=60)
+        except RayError as exc:
+            log.warning("Lean fleet timeline unavailable (%s)", type(exc).__name__)
+            return 0
+        with open(self.path, "a") as fh:
+            for row in rows:
+                fh.write(json.dumps(row) + "\n")
+        return len(rows)
+
+    def finish(self) -> None:
+        """The rest of the timeline, and the fleet's (t, backlog, actors) history."""
+        self.append_timeline()
         try:
             self.history = ray.get(self.fleet.history.remote(), timeout=60)
         except RayError as exc:
             log.warning("Lean fleet history unavailable (%s)", type(exc).__name__)
-            return
-        with open(Path(run_dir) / "lean_fleet.jsonl", "w") as fh:
-            for t, backlog, actors in self.history:
-                fh.write(json.dumps({"t": t, "backlog": backlog, "actors": actors}) + "\n")
 
 
 class VerifierStats:
@@ -176,17 +188,20 @@ class VerifierStats:
 
 
 NODE_EVENTS_FILE = "nodes.jsonl"
+
+
 class NodeWatch:
-    """The cluster's nodes as the driver sees them between steps: one log line for each node
-    that joins or leaves (a node that leaves is named with the roles `placement.json` put on
-    it), and one line per event in RUN_DIR/nodes.jsonl ({t: unix s, event, node_id,
-    node_type, roles})."""
+    """The cluster's nodes as the driver sees them, at each step and every 2 s while it
+    waits for one: one log line for each node that joins or leaves (a node that leaves is
+    named with the roles `placement.json` put on it), and one line per event in
+    RUN_DIR/nodes.jsonl ({t: unix s, event, node_id, node_type, roles})."""
 
     def __init__(self, run_dir: Path) -> None:
         self.path = Path(run_dir) / NODE_EVENTS_FILE
         self.alive: dict[str, str] = {}
         self.alive = self._alive()
         self.events: list[dict[str, Any]] = []
+        self._polled_at = time.monotonic()
 
     def _alive(self) -> dict[str, str]:
         try:
@@ -205,8 +220,16 @@ class NodeWatch:
         return sorted(here), next((loc["node_type"] for loc in here.values()
                                    if loc.get("node_type")), "")
 
+    def poll_due(self, every_s: float = 2.0) -> list[dict[str, Any]]:
+        """`poll()` when the last poll is `every_s` seconds old (the driver calls this while
+        it waits for a step); [] otherwise."""
+        if time.monotonic() - self._polled_at < every_s:
+            return []
+        return self.poll()
+
     def poll(self) -> list[dict[str, Any]]:
         """Compare the alive nodes with the last call's; log and record what changed."""
+        self._polled_at = time.monotonic()
         now = self._alive()
         new: list[dict[str, Any]] = []
         for node_id, kind in self.alive.items():

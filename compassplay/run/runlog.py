@@ -18,13 +18,14 @@ from pydantic import BaseModel
 
 from compassplay.config import RunConfig, dump_config
 from compassplay.errors import RunError
-from compassplay.records import StepStats
+from compassplay.records import TIMING_FIELDS, StepStats
 from compassplay.run.tracking import Trackers
 
 METRICS_FILE = "metrics.jsonl"
 SAMPLES_FILE = "samples.jsonl"
 CONFIG_FILE = "config.yaml"
 LOG_FILE = "run.log"
+LEAN_FLEET_FILE = "lean_fleet.jsonl"  # the Lean fleet's timeline (Ray executor)
 
 
 def run_dir_for(cfg: RunConfig) -> Path:
@@ -92,11 +93,30 @@ class RunLog:
         out += [s.model_dump_json() + "\n" for s in recent[max(0, steps - keep):]]
         self.metrics_path.write_text("".join(out))
         self.trackers.rewind([json.loads(line) for line in out])
+        self._drop_samples_after(last)
+
+    def _drop_samples_after(self, last: int) -> None:
+        """Remove the samples.jsonl rows of steps after `last`: the steps that will be run
+        again write their own (without this a rolled-back step's tasks appear twice)."""
+        path = self.run_dir / SAMPLES_FILE
+        if not path.exists():
+            return
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [x for x in lines if x.strip() and int(json.loads(x).get("step", 0)) <= last]
+        if len(kept) != len(lines):
+            path.write_text("".join(kept))
 
     def close(self) -> None:
         self.trackers.close()
         logging.getLogger("compassplay").removeHandler(self._handler)
         self._handler.close()
+
+
+def comparable_steps(path: str | Path) -> list[dict]:
+    """The step lines of a metrics.jsonl without their timing and cost fields
+    (`records.TIMING_FIELDS`), which differ between runs that are otherwise equal."""
+    return [{k: v for k, v in row.items() if k not in TIMING_FIELDS}
+            for row in read_metrics(path)]
 
 
 def read_metrics(path: str | Path, kind: str | None = "step") -> list[dict]:

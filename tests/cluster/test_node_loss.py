@@ -5,13 +5,13 @@ The GCS here checks each node's health every second and marks it dead after 3 mi
 (Ray 2.60's defaults, 3 s x 5, make a lost node take about 30 s to be noticed)."""
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import ray
 
+from compassplay.bench.cluster import FAST_HEALTH_CHECKS, NodeKiller, compare_runs
 from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_by_type, wait_for
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
@@ -20,40 +20,26 @@ from tests.executors.ray.test_pipeline import metric_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
 OVERRIDES = ["pipeline.steps=3", "logging.progress=false", "learner.checkpoint_every=1"]
-CLUSTER_ENV = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "1000",
-               "RAY_health_check_failure_threshold": "3"}  # read by conftest's fake_cluster
+CLUSTER_ENV = FAST_HEALTH_CHECKS  # read by conftest's fake_cluster
 
 
 @pytest.fixture(scope="module")
-def local_rows(tmp_path_factory) -> list[dict]:
+def local_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("local")
     LocalExecutor(load_config("cluster_local", OVERRIDES), out).run()
-    return metric_rows(out / "metrics.jsonl")
+    return out
 
 
-class NodeKiller(threading.Thread):
-    """Kills the node `role` sits on (per RUN_DIR/placement.json) once step 0 is recorded."""
+@pytest.fixture(scope="module")
+def local_rows(local_dir) -> list[dict]:
+    return metric_rows(local_dir / "metrics.jsonl")
 
-    def __init__(self, cluster: FakeCluster, run_dir: Path, role: str) -> None:
-        super().__init__(daemon=True)
-        self.cluster, self.run_dir, self.role = cluster, run_dir, role
-        self.killed: str | None = None
-        self.steps_before_kill = -1
-        self.error: BaseException | None = None
 
-    def _steps_recorded(self) -> int:
-        path = self.run_dir / "metrics.jsonl"
-        return len(metric_rows(path)) if path.exists() else 0
-
-    def run(self) -> None:
-        try:
-            wait_for("step 0 recorded", lambda: self._steps_recorded() >= 1, 300, poll_s=0.2)
-            placed = json.loads((self.run_dir / "placement.json").read_text())
-            self.steps_before_kill = self._steps_recorded()
-            self.killed = placed[self.role]["node_id"]
-            self.cluster.kill_node(self.killed)
-        except BaseException as exc:  # reported by the test
-            self.error = exc
+def _no_task_lost_or_doubled(run_dir: Path, local_dir: Path) -> None:
+    """samples.jsonl holds each (step, task) of the local run once: none lost, none twice."""
+    cmp = compare_runs(run_dir, local_dir)
+    assert cmp["tasks"] > 0 and cmp["steps_completed"] == 3, cmp
+    assert cmp["tasks_lost"] == 0 and cmp["tasks_counted_twice"] == 0, cmp
 
 
 def _run_with_kill(cluster: FakeCluster, run_dir: Path, role: str) -> NodeKiller:
@@ -74,10 +60,11 @@ def _events(run_dir: Path) -> list[dict]:
 
 
 def test_a_verifier_node_lost_mid_run_is_replaced_and_nothing_is_lost(fake_cluster, local_rows,
-                                                                      tmp_path):
+                                                                      local_dir, tmp_path):
     killer = _run_with_kill(fake_cluster, tmp_path, "verifier-0")
     assert 1 <= killer.steps_before_kill < 3  # the kill landed while the run went on
     assert metric_rows(tmp_path / "metrics.jsonl") == local_rows
+    _no_task_lost_or_doubled(tmp_path, local_dir)
     events = _events(tmp_path)
     left = [e for e in events if e["event"] == "left"]
     assert [e["node_id"] for e in left] == [killer.killed]
@@ -88,7 +75,7 @@ def test_a_verifier_node_lost_mid_run_is_replaced_and_nothing_is_lost(fake_clust
 
 
 def test_the_learners_node_lost_mid_run_rolls_back_and_ends_equal(fake_cluster, local_rows,
-                                                                  tmp_path):
+                                                                  local_dir, tmp_path):
     """The gpu_worker node holds learner, scorer, proposer and solver: all restart on a node
     the autoscaler launches, the failed step names the learner's call, the run rolls back to
     the last checkpoint and its metrics equal an uninterrupted run's."""
@@ -99,6 +86,7 @@ def test_the_learners_node_lost_mid_run_rolls_back_and_ends_equal(fake_cluster, 
     # The restored learner publishes fresh weight versions (above any an actor may hold), so
     # the versions after the rollback skip ahead; every other figure equals the local run's.
     assert [_unversioned(r) for r in rows] == [_unversioned(r) for r in local_rows]
+    _no_task_lost_or_doubled(tmp_path, local_dir)  # the steps run again wrote theirs once
     versions = [r["weight_version"] for r in rows]
     assert versions == sorted(set(versions)) and versions[-1] > local_rows[-1]["weight_version"]
     left = [e for e in _events(tmp_path) if e["event"] == "left"]

@@ -29,6 +29,20 @@ def test_rewind_keeps_eval_lines_of_kept_steps(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl", "eval")] == [0, 1, 2]
 
 
+def test_rewind_drops_the_samples_of_the_steps_it_drops(tmp_path):
+    """A step run again after a rollback writes its samples once more: the first run's go."""
+    log = RunLog(tmp_path, RunConfig())
+    for s in range(4):
+        log.write(_stats(s))
+        log.write_samples([{"step": s, "task_id": f"s{s}-t{i}"} for i in range(2)])
+    log.rewind(1, [_stats(1)])  # the checkpoint after step 1: steps 2 and 3 run again
+    log.write(_stats(2))
+    log.write_samples([{"step": 2, "task_id": "s2-t0"}])
+    log.close()
+    rows = [json.loads(x) for x in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == ["s0-t0", "s0-t1", "s1-t0", "s1-t1", "s2-t0"]
+
+
 def test_rewind_appends_steps_the_driver_never_wrote(tmp_path):
     log = RunLog(tmp_path, RunConfig())
     log.write(_stats(0))

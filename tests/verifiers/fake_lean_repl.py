@@ -13,17 +13,22 @@ Magic strings in the cmd: FAKE_HANG (never answers), FAKE_CRASH (exits 134 after
 line on stderr), FAKE_GARBAGE (a non-JSON block), FAKE_HUGE:<bytes> (a message of that size),
 FAKE_OOM (allocates until MemoryError under RLIMIT_AS), FAKE_GROW:<MiB> (keeps that much
 resident), FAKE_SLOW:<seconds> (sleeps, then judges normally), FAKE_STDERR (writes to stderr),
-FAKE_CHUNKED (the reply arrives in 7-byte writes).
+FAKE_CHUNKED (the reply arrives in 7-byte writes). FAKE_LEAN_CHECK_DELAY_S in the environment
+delays every check by that many seconds.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
 
 ENVS: dict[int, str] = {}
+# seconds every command in an environment (a check, not the header) takes before its reply:
+# checks in flight long enough for a test to kill the node they run on
+CHECK_DELAY_S = float(os.environ.get("FAKE_LEAN_CHECK_DELAY_S", "0"))
 HOARD: list[bytes] = []
 
 
@@ -109,6 +114,7 @@ def handle(req: dict) -> dict | None:
     if slow:
         time.sleep(float(slow.group(1)))
     if "env" in req:
+        time.sleep(CHECK_DELAY_S)
         if req["env"] not in ENVS:
             return {"message": "Unknown environment."}
     else:

@@ -1,6 +1,5 @@
 """The Ray pipeline on a real local Ray: equality with the local executor, faults, metrics."""
 
-import json
 import threading
 import time
 import urllib.request
@@ -12,7 +11,7 @@ import ray
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
 from compassplay.executors.ray_driver import run_pipeline
-from compassplay.records import TIMING_FIELDS
+from compassplay.run.runlog import comparable_steps as metric_rows  # step rows, no timing
 from compassplay.step.graph import STEP
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
@@ -21,19 +20,6 @@ CONFIGS = Path(__file__).resolve().parents[3] / "compassplay" / "configs"
 MICRO = CONFIGS / "micro.yaml"
 # the warm micro model writes valid tasks and solves some: rewards, scorer and learner see signal
 WARM = CONFIGS / "micro_warm.yaml"
-
-
-def metric_rows(path: Path) -> list[dict]:
-    """metrics.jsonl step rows without timing and cost fields (`records.TIMING_FIELDS`)."""
-    rows = []
-    for line in path.read_text().splitlines():
-        d = json.loads(line)
-        if d.get("kind", "step") != "step":
-            continue
-        for k in TIMING_FIELDS:
-            d.pop(k)
-        rows.append(d)
-    return rows
 
 
 FAST = ["proposer.batch_size=2", "solver.n_samples=2", "proposer.max_new_tokens=24",
