@@ -67,6 +67,7 @@ from compassplay.executors.ray_dispatch import InFlight, RayDispatch, is_fatal
 from compassplay.executors.ray_metrics import RayStepMetrics
 from compassplay.executors.ray_monitors import EvalQueue, LeanMonitor, NodeWatch, VerifierStats
 from compassplay.executors.ray_session import call_when_up, init_ray
+from compassplay.executors.ray_traffic import TrafficLog
 from compassplay.records import StepStats
 from compassplay.run.interrupt import StopRequest
 from compassplay.run.metrics import RunMetrics
@@ -111,6 +112,7 @@ class Pipeline:
                                                                        metrics, self.run_dir)
         self.verifiers = None if metrics is None else VerifierStats(actors.verifiers, metrics)
         self.nodes = NodeWatch(self.run_dir)
+        self.traffic = TrafficLog(self.run_dir)
 
     @property
     def eval_reports(self) -> list[EvalReport]:
@@ -320,6 +322,7 @@ class Pipeline:
                     if self.on_stage is not None:
                         self.on_stage(oldest.step, oldest.running_stage())
                 result = ray.get(oldest.result)
+                self.traffic.record(oldest.step, oldest.handles, oldest.result)
             except RayError as exc:
                 pending.clear()
                 step = self._recover(oldest.step, exc)

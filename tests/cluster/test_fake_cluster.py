@@ -21,6 +21,10 @@ from compassplay.executors.ray_driver import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
 
 ROOT = Path(__file__).resolve().parents[2]
+# every process of the cluster returns objects above 1 KiB through the object store (Ray's
+# default inlines up to 100 KiB into the driver, the owner): a micro run's payloads then take
+# the path a 7B run's take (read by conftest's fake_cluster)
+CLUSTER_ENV = {"RAY_max_direct_call_object_size": "1024"}
 
 
 def test_node_types_are_ray_cluster_yamls_with_laptop_cpus(tmp_path):
@@ -107,4 +111,18 @@ def test_a_run_places_each_role_on_its_node_type(fake_cluster, tmp_path):
         assert placed[role]["node_type"] == "python_verifier"
         assert placed[role]["resources"]["python_verifier"] == 1
     assert metric_rows(tmp_path / "ray/metrics.jsonl") == metric_rows(tmp_path / "local/metrics.jsonl")
+    # payloads above Ray's inline limit (1 KiB on this cluster, as a 7B run's rollouts are
+    # above the default 100 KiB) go actor to actor between nodes; the driver gets the result
+    traffic = [json.loads(x) for x in (tmp_path / "ray/traffic.jsonl").read_text().splitlines()]
+    print("\ntraffic per step:", [{k: v for k, v in t.items() if k != "stages"}
+                                   for t in traffic])
+    assert [t["step"] for t in traffic] == [0, 1]
+    for t in traffic:
+        assert t["payload_bytes"] > 50_000 and t["result_bytes"] > 0
+        assert t["driver_bytes"] == t["result_bytes"] + sum(
+            s["inline_bytes"] for s in t["stages"].values())
+        assert t["stages"]["propose"]["inline_bytes"] == 0  # in the proposer node's store
+        # proposals (gpu_worker) are validated on python_verifier nodes: copied across
+        assert t["stages"]["propose"]["cross_node_bytes"] > 0 and t["cross_node_bytes"] > 0
+        assert t["driver_share"] < 0.1
     wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE}, 90)
