@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, node_type_of, wait_for
+from compassplay.run.runlog import METRICS_FILE, comparable_steps, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +79,6 @@ class NodeKiller(threading.Thread):
         self.error: BaseException | None = None
 
     def _steps_recorded(self) -> int:
-        from compassplay.run.runlog import METRICS_FILE, read_metrics
-
         path = self.run_dir / METRICS_FILE
         return len(read_metrics(path)) if path.exists() else 0
 
@@ -111,8 +110,6 @@ def compare_runs(run_dir: Path, baseline_dir: Path) -> dict[str, Any]:
     """A run against the baseline run of the same config and seed: steps completed, tasks
     lost and counted twice, and the step rows whose figures differ (timing and weight
     versions aside), with the first differing fields."""
-    from compassplay.run.runlog import METRICS_FILE, comparable_steps
-
     def rows(d: Path) -> list[dict]:
         path = d / METRICS_FILE
         return [{k: v for k, v in r.items() if not k.endswith("weight_version")}
@@ -275,7 +272,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             run_pipeline(cfg, run_dir, on_pipeline=_StopAfter(stop, 1), stop=stop)
         except RunInterrupted:
-            from compassplay.run.runlog import METRICS_FILE, read_metrics
             stopped_after = len(read_metrics(run_dir / METRICS_FILE)) - 1
         run_pipeline(cfg, run_dir, resume=True)
         out["resume"] = {"stopped_after_step": stopped_after,

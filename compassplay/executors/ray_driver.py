@@ -35,8 +35,8 @@ checks to the run's LeanFleetActor (`actors.lean_router`), which grows and shrin
 LeanVerifier actors with the backlog. Each recorded step gets the fleet's actor count
 (`lean_actors`, and `lean_actors_peak` since the previous step), and the fleet's timeline
 (backlog, actors, placed actors, alive nodes per type, seconds from demand to a started actor)
-is appended to lean_fleet.jsonl (plotted to lean_fleet.png at the end). A fleet that cannot place an actor within
-`verifiers.lean.resource_wait_s` stops the run with a message naming the resource (no retry).
+is appended to lean_fleet.jsonl (plotted to lean_fleet.png at the end). A fleet that cannot
+place an actor within `verifiers.lean.resource_wait_s` stops the run with a message naming the resource (no retry).
 
 Faults: verifier and scorer actors restart and Ray retries their in-flight calls (both are
 idempotent). A solver death fails the steps in flight, which are resubmitted. A proposer or
