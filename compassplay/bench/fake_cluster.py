@@ -198,7 +198,13 @@ class FakeCluster:
         site.mkdir()
         (site / "sitecustomize.py").write_text(OWN_RUNTIME_DIRS)
         path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH")) if p)
-        env = {**os.environ, "RAY_FAKE_CLUSTER": "1", "RAY_AUTH_MODE": "disabled",
+        # a node of a real cluster has the installed package's scripts on PATH (a job's
+        # entrypoint `compassplay run` is looked up there); this interpreter's bin folder is
+        # that place here, whether or not the caller activated its venv
+        scripts = os.pathsep.join(p for p in (str(Path(sys.executable).parent),
+                                              os.environ.get("PATH")) if p)
+        env = {**os.environ, "PATH": scripts, "RAY_FAKE_CLUSTER": "1",
+               "RAY_AUTH_MODE": "disabled",
                "AUTOSCALER_UPDATE_INTERVAL_S": str(int(self.update_interval_s)),
                "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": path,
                "COMPASSPLAY_FAKE_NODE_RUNTIME_DIRS": "1", **self.env}
