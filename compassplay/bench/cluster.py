@@ -75,6 +75,7 @@ class NodeKiller(threading.Thread):
         super().__init__(daemon=True)
         self.cluster, self.run_dir, self.role, self.timeout_s = cluster, run_dir, role, timeout_s
         self.killed: str | None = None
+        self.killed_at = 0.0  # time.monotonic() once the node is killed
         self.steps_before_kill = -1
         self.error: BaseException | None = None
 
@@ -93,6 +94,7 @@ class NodeKiller(threading.Thread):
             self.steps_before_kill = self._steps_recorded()
             self.killed = placed[self.role]["node_id"]
             self.cluster.kill_node(self.killed)
+            self.killed_at = time.monotonic()
         except BaseException as exc:  # noqa: BLE001 -- reported by the caller
             self.error = exc
 

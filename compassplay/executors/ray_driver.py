@@ -247,12 +247,16 @@ class Pipeline:
         self.nodes.poll()
         self.failures[failed] = self.failures.get(failed, 0) + 1
         where = failed_call(exc)
+        lost = self.nodes.lost()
+        lost = f" ({lost})" if lost else ""
         if is_fatal(exc):
-            raise RunError(f"step {failed} failed in {where}: {describe_cause(exc)}") from None
+            raise RunError(f"step {failed} failed in {where}: {describe_cause(exc)}{lost}"
+                           ) from None
         if self.failures[failed] > self.cfg.pipeline.max_step_retries:
             raise RunError(f"step {failed} failed {self.failures[failed]} times; last failure "
-                           f"in {where}: {describe_cause(exc)} (raise pipeline.max_step_retries "
-                           "to keep trying)")
+                           f"in {where}: {describe_cause(exc)}{lost} (raise "
+                           "pipeline.max_step_retries to keep trying; `compassplay run --resume "
+                           f"{self.run_dir}` continues from the last checkpoint)")
         log.warning("step %d failed in %s (%s); recovering (attempt %d of %d)", failed, where,
                     describe_cause(exc), self.failures[failed], self.cfg.pipeline.max_step_retries)
         if self.metrics is not None:

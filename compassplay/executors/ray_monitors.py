@@ -220,6 +220,14 @@ class NodeWatch:
         return sorted(here), next((loc["node_type"] for loc in here.values()
                                    if loc.get("node_type")), "")
 
+    def lost(self) -> str:
+        """The nodes that left during the run, each with its type and the roles it held, for
+        an error message ('' when none left)."""
+        gone = [e for e in self.events if e["event"] == "left"]
+        return "; ".join(f"node {e['node_id'][:12]} ({e['node_type'] or 'unknown type'}) "
+                         f"left the cluster holding {', '.join(e['roles']) or 'no actor of this run'}"
+                         for e in gone)
+
     def poll_due(self, every_s: float = 2.0) -> list[dict[str, Any]]:
         """`poll()` when the last poll is `every_s` seconds old (the driver calls this while
         it waits for a step); [] otherwise."""

@@ -14,6 +14,7 @@ import ray
 from compassplay.bench.cluster import FAST_HEALTH_CHECKS, NodeKiller, compare_runs
 from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_by_type, wait_for
 from compassplay.config import load_config
+from compassplay.errors import RunError
 from compassplay.executors.local import LocalExecutor
 from compassplay.executors.ray_driver import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
@@ -94,3 +95,35 @@ def test_the_learners_node_lost_mid_run_rolls_back_and_ends_equal(fake_cluster, 
     assert {"learner", "scorer-0", "proposer", "solver"} <= set(left[0]["roles"])
     assert time.monotonic() - start < 600
 
+
+
+def test_the_learners_node_lost_without_retries_stops_naming_it_and_resume_continues(
+        fake_cluster, local_rows, local_dir, tmp_path):
+    """With `pipeline.max_step_retries=0` a lost learner node ends the run with an error that
+    names the learner's call, the node and its type, within a bounded time of the kill;
+    `--resume` (a new driver, a gpu_worker node the autoscaler launches in place of the lost
+    one) continues from the last checkpoint and ends equal to an uninterrupted run."""
+    cfg = load_config("cluster_local", [*OVERRIDES, "pipeline.max_step_retries=0"])
+    killer = NodeKiller(fake_cluster, tmp_path, "learner")
+    killer.start()
+    with pytest.raises(RunError) as stopped:
+        run_pipeline(cfg, tmp_path)
+    stopped_at = time.monotonic()
+    killer.join(timeout=10)
+    assert killer.error is None and killer.killed, killer.error
+    message = str(stopped.value)
+    assert "LearnerActor" in message and killer.killed[:12] in message, message
+    assert "(gpu_worker) left the cluster holding" in message and "learner" in message, message
+    assert f"--resume {tmp_path}" in message, message
+    # the error came within the health checks' bound of the kill, not after a hang
+    assert stopped_at - killer.killed_at < 60, stopped_at - killer.killed_at
+    done_before = len(metric_rows(tmp_path / "metrics.jsonl"))
+    assert 1 <= done_before < 3
+
+    run_pipeline(cfg, tmp_path, resume=True)
+    rows = metric_rows(tmp_path / "metrics.jsonl")
+    assert [_unversioned(r) for r in rows] == [_unversioned(r) for r in local_rows]
+    _no_task_lost_or_doubled(tmp_path, local_dir)
+    placed = json.loads((tmp_path / "placement.json").read_text())
+    assert placed["learner"]["node_id"] != killer.killed  # on a fresh node
+    assert placed["learner"]["node_type"] == "gpu_worker"

@@ -22,7 +22,7 @@ def test_a_node_that_leaves_is_named_with_its_roles_and_one_that_joins_is_record
         "verifier-1": {"node_id": "aaa", "node_type": "python_verifier"},
         "learner": {"node_id": "bbb", "node_type": "gpu_worker"}}))
     watch = NodeWatch(tmp_path)
-    assert watch.poll() == []
+    assert watch.poll() == [] and watch.lost() == ""
     nodes[1] = _node("aaa", alive=False, python_verifier=4.0)
     nodes.append(_node("ccc", python_verifier=4.0))
     events = watch.poll()
@@ -32,6 +32,9 @@ def test_a_node_that_leaves_is_named_with_its_roles_and_one_that_joins_is_record
     written = [json.loads(line) for line in (tmp_path / "nodes.jsonl").read_text().splitlines()]
     assert [e["node_id"] for e in written] == ["aaa", "ccc"] and all(e["t"] > 0 for e in written)
     assert watch.poll() == []
+    # what an error after the loss says (the driver's RunError)
+    assert watch.lost() == "node aaa (python_verifier) left the cluster holding verifier-0, " \
+        "verifier-1"
 
 
 def test_node_kind_prefers_the_label_then_custom_resources():
