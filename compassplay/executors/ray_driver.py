@@ -111,7 +111,7 @@ class Pipeline:
         self.lean = None if actors.lean_fleet is None else LeanMonitor(actors.lean_fleet,
                                                                        metrics, self.run_dir)
         self.verifiers = None if metrics is None else VerifierStats(actors.verifiers, metrics)
-        self.nodes = NodeWatch(self.run_dir)
+        self.nodes = NodeWatch(self.run_dir, metrics)
         self.traffic = TrafficLog(self.run_dir)
 
     @property

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,12 +197,14 @@ class NodeWatch:
     named with the roles `placement.json` put on it), and one line per event in
     RUN_DIR/nodes.jsonl ({t: unix s, event, node_id, node_type, roles})."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, metrics: RunMetrics | None = None) -> None:
         self.path = Path(run_dir) / NODE_EVENTS_FILE
+        self.metrics = metrics
         self.alive: dict[str, str] = {}
         self.alive = self._alive()
         self.events: list[dict[str, Any]] = []
         self._polled_at = time.monotonic()
+        self._export([])
 
     def _alive(self) -> dict[str, str]:
         try:
@@ -219,6 +222,11 @@ class NodeWatch:
         here = {r: loc for r, loc in placed.items() if loc.get("node_id") == node_id}
         return sorted(here), next((loc["node_type"] for loc in here.values()
                                    if loc.get("node_type")), "")
+
+    def _export(self, lost_types: list[str]) -> None:
+        """Alive nodes per type and the types just lost, to the run's Prometheus metrics."""
+        if self.metrics is not None:
+            self.metrics.observe_nodes(dict(Counter(self.alive.values())), lost_types)
 
     def lost(self) -> str:
         """The nodes that left during the run, each with its type and the roles it held, for
@@ -254,6 +262,7 @@ class NodeWatch:
                 new.append({"event": "joined", "node_id": node_id, "node_type": kind,
                             "roles": []})
         self.alive = now
+        self._export([e["node_type"] for e in new if e["event"] == "left"])
         if new:
             t = time.time()
             with open(self.path, "a") as fh:

@@ -94,7 +94,12 @@ class RunMetrics:
                                   "fleet and not finished", registry=r)
         self.steps_retried = Counter("compassplay_steps_retried",
                                      "steps resubmitted after an actor failure", registry=r)
+        self.nodes = Gauge("compassplay_nodes", "alive Ray nodes by node type, as the driver "
+                           "last saw them (Ray executor)", ["node_type"], registry=r)
+        self.nodes_lost = Counter("compassplay_nodes_lost", "Ray nodes that left the cluster "
+                                  "during the run, by node type", ["node_type"], registry=r)
         self._last_runs: tuple[float, int] | None = None
+        self._node_types: set[tuple[str]] = set()
 
     @classmethod
     def for_run(cls, cfg) -> RunMetrics:
@@ -154,6 +159,16 @@ class RunMetrics:
         """The Lean fleet's `LeanFleetActor.state()`."""
         self.lean_actors.set(state.get("actors", 0))
         self.lean_backlog.set(state.get("backlog", 0))
+
+    def observe_nodes(self, alive_by_type: dict[str, int], lost_types: list[str]) -> None:
+        """The cluster's alive nodes per type now, and the types of nodes that just left."""
+        for kind in {k for (k,) in self._node_types} - set(alive_by_type):
+            self.nodes.labels(kind).set(0)
+        for kind, n in alive_by_type.items():
+            self.nodes.labels(kind).set(n)
+        self._node_types |= {(k,) for k in alive_by_type}
+        for kind in lost_types:
+            self.nodes_lost.labels(kind).inc()
 
     def observe_verifiers(self, snapshots: dict[str, dict], now: float) -> None:
         """SandboxStats snapshots by verifier actor (the latest of each): runs by status and

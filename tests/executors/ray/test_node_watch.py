@@ -6,6 +6,11 @@ import json
 from compassplay.actors.whereabouts import node_kind
 from compassplay.executors import ray_monitors
 from compassplay.executors.ray_monitors import NodeWatch
+from compassplay.run.metrics import RunMetrics
+
+
+def _sample(metrics: RunMetrics, name: str, node_type: str) -> float | None:
+    return metrics.registry.get_sample_value(name, {"node_type": node_type})
 
 
 def _node(node_id: str, alive: bool = True, **resources: float) -> dict:
@@ -21,8 +26,10 @@ def test_a_node_that_leaves_is_named_with_its_roles_and_one_that_joins_is_record
         "verifier-0": {"node_id": "aaa", "node_type": "python_verifier"},
         "verifier-1": {"node_id": "aaa", "node_type": "python_verifier"},
         "learner": {"node_id": "bbb", "node_type": "gpu_worker"}}))
-    watch = NodeWatch(tmp_path)
+    metrics = RunMetrics("r", "cosine")
+    watch = NodeWatch(tmp_path, metrics)
     assert watch.poll() == [] and watch.lost() == ""
+    assert _sample(metrics, "compassplay_nodes", "python_verifier") == 1.0
     nodes[1] = _node("aaa", alive=False, python_verifier=4.0)
     nodes.append(_node("ccc", python_verifier=4.0))
     events = watch.poll()
@@ -32,9 +39,20 @@ def test_a_node_that_leaves_is_named_with_its_roles_and_one_that_joins_is_record
     written = [json.loads(line) for line in (tmp_path / "nodes.jsonl").read_text().splitlines()]
     assert [e["node_id"] for e in written] == ["aaa", "ccc"] and all(e["t"] > 0 for e in written)
     assert watch.poll() == []
+    # Prometheus: alive per type now, and one python_verifier lost (the head's type stays)
+    assert _sample(metrics, "compassplay_nodes", "python_verifier") == 1.0
+    assert _sample(metrics, "compassplay_nodes", "head") == 1.0
+    assert _sample(metrics, "compassplay_nodes_lost_total", "python_verifier") == 1.0
+    nodes[:] = [_node("head", CPU=0.0)]
+    watch.poll()
+    assert _sample(metrics, "compassplay_nodes", "python_verifier") == 0.0
+    assert _sample(metrics, "compassplay_nodes_lost_total", "python_verifier") == 2.0
+    assert _sample(metrics, "compassplay_nodes_lost_total", "gpu_worker") == 1.0
     # what an error after the loss says (the driver's RunError)
-    assert watch.lost() == "node aaa (python_verifier) left the cluster holding verifier-0, " \
-        "verifier-1"
+    assert watch.lost() == (
+        "node aaa (python_verifier) left the cluster holding verifier-0, verifier-1; "
+        "node bbb (gpu_worker) left the cluster holding learner; "
+        "node ccc (python_verifier) left the cluster holding no actor of this run")
 
 
 def test_node_kind_prefers_the_label_then_custom_resources():
