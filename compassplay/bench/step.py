@@ -7,7 +7,9 @@ how many blocks the backward crosses) and every scorer loss (batch shape, head c
 the blocks its gradient spans). Beside each stage's seconds (the run's `stage_seconds`) it
 reports the stage's bound, measured in the same process (`bench.roofline`): FLOPs at a plain
 matmul's rate at the stage's shapes, plus one weight stream per decode step for generation,
-and `fraction_of_bound` = bound / seconds. Counted FLOPs: 2 per weight per token for the
+and `fraction_of_bound` = bound / seconds. Generation's bound is float32's (the weights' own
+stream and float32 matmuls); when the engines decode in bfloat16 (`decode_dtype`), the bound of
+that work (a bfloat16 copy's stream, bfloat16 matmuls) is `generate_bf16` beside it. Counted FLOPs: 2 per weight per token for the
 blocks, the attention's score and value products, the vocabulary head where logits are taken;
 a backward costs twice the forward of the blocks it crosses plus the head's input gradient.
 Not counted: norms, rotary, softmax and other element-wise work, the verifiers (stages
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import statistics
 import tempfile
@@ -58,6 +61,7 @@ class Ledger:
                                                        "score": []}
         self.shape: roofline.ModelShape | None = None
         self.model: torch.nn.Module | None = None
+        self.decode_dtypes: set[str] = set()  # the generation engines' matmul dtypes
 
 
 def _crossed_layers(model: torch.nn.Module, names: set[str] | None) -> int:
@@ -104,6 +108,7 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
             self.generate_each = lambda prompts, params: generate_grouped(self, prompts, params)
         if ledger.shape is None:
             ledger.shape, ledger.model = roofline.shape_of(model), model
+        ledger.decode_dtypes.add(self.decode_dtype)
 
     def generate(self, prompts, params):  # every batch either generate entry samples
         out = orig_gen(self, prompts, params)
@@ -196,6 +201,10 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
     rate = roofline.matmul_rate(2048, ledger.shape.hidden, inter)
     bounds = stage_bounds(ledger, stream, rate, spec_layers(cfg.scorer.params,
                                                             ledger.shape.layers))
+    if ledger.decode_dtypes == {"bfloat16"}:  # the bound of the work generation did
+        stream16 = roofline.stream_seconds(copy.deepcopy(model).to(torch.bfloat16))
+        rate16 = roofline.matmul_rate(2048, ledger.shape.hidden, inter, dtype=torch.bfloat16)
+        bounds["generate_bf16"] = stage_bounds(ledger, stream16, rate16, 0)["generate"]
     stage = {k: sum(r["stage_seconds"].get(k, 0.0) for r in rows) for k in
              ("propose", "solve", "validate", "grade", "score", "learn")}
     gen_s = stage["propose"] + stage["solve"]
@@ -204,6 +213,7 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
         "step_seconds": [r["step_seconds"] for r in rows],
         "step_seconds_median": statistics.median(r["step_seconds"] for r in rows),
         "stage_seconds": stage, "valid": [r["valid"] for r in rows],
+        "decode_dtypes": sorted(ledger.decode_dtypes),
         "eligible": [r["eligible"] for r in rows],
         "weight_stream_s": stream, "matmul_gflop_per_s": rate / 1e9,
         "bound_s": bounds,
@@ -211,7 +221,9 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
                               "learn": bounds["learn"] / stage["learn"] if stage["learn"]
                               else None,
                               "score": bounds["score"] / stage["score"] if stage["score"]
-                              else None},
+                              else None,
+                              **({"generate_bf16": bounds["generate_bf16"] / gen_s}
+                                 if "generate_bf16" in bounds and gen_s else {})},
         "work": {k: len(v) for k, v in ledger.calls.items()}}
 
 

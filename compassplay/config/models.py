@@ -73,6 +73,12 @@ class SamplingSection(Section):
                                     "memory back (needed by learner.weight_sync=ipc)")
     sleep_level: Literal[1, 2] = Field(1, description="vllm sleep mode: 1 offloads weights "
                                        "to CPU, 2 drops them (the next update reloads all)")
+    decode_dtype: Literal["model", "bfloat16", "auto"] = Field(
+        "model", description="hf engine, static decoder: the dtype its matmuls run in. model: "
+        "the weights' own; bfloat16: bfloat16 copies of the weights (float32 residual stream, "
+        "norms, softmax and logits; measured against float32 in docs/measurements/"
+        "decode-bf16-2026-12-06); auto: bfloat16 on a CPU whose bfloat16 matmuls are 1.25x "
+        "faster (measured at start-up and logged), else model")
     max_new_tokens: int = Field(128, ge=1, description="longest reply (tokens); a reply cut "
                                 "here is usually ill-formed")
     temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature (1 = "

@@ -22,7 +22,11 @@ from typing import Any
 import torch
 
 from compassplay.engines.base import GenerationEngine, SamplingParams, check_version
-from compassplay.engines.static_decoder import StaticDecoder, unsupported_reason
+from compassplay.engines.static_decoder import (
+    StaticDecoder,
+    resolve_decode_dtype,
+    unsupported_reason,
+)
 from compassplay.engines.templating import TemplateCursor
 from compassplay.records import Generation
 
@@ -122,11 +126,14 @@ class HFGenerationEngine(GenerationEngine):
     on a GPU the fused weight copies would cost memory the memory plan does not reserve, and
     the GPU configs generate with vLLM), "static" (`StaticDecoder` on any device, "hf" with a
     log line where the architecture is not supported) or "hf" (`ModuleDecoder`).
+    decode_dtype: the static decoder's matmul dtype, "model" (the weights' own, the default),
+    "bfloat16", or "auto" (bfloat16 where this CPU runs it faster: `resolve_decode_dtype`);
+    `self.decode_dtype` names the one in use.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, pad_token_id: int | None = None,
                  eos_token_id: int | list[int] | None = None, weight_version: int = 0,
-                 decoder: str = "auto") -> None:
+                 decoder: str = "auto", decode_dtype: str = "model") -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder: unknown decoder {decoder!r} (expected one of "
                              f"{DECODERS})")
@@ -150,9 +157,18 @@ class HFGenerationEngine(GenerationEngine):
         if why is not None:
             log.info("generation: the static decoder cannot run this model (%s); using the "
                      "module's own forward", why)
-        self._decoder: StaticDecoder | ModuleDecoder = StaticDecoder(model) if \
-            decoder == "static" and why is None else ModuleDecoder(model)
+        if decoder == "static" and why is None:
+            dtype = resolve_decode_dtype(decode_dtype, model)
+            self._decoder: StaticDecoder | ModuleDecoder = StaticDecoder(model, dtype=dtype)
+        else:
+            if decode_dtype != "model":
+                log.info("generation: decode_dtype=%s applies to the static decoder only; "
+                         "the module's forward runs in its own dtype", decode_dtype)
+            self._decoder = ModuleDecoder(model)
         self.decoder = "static" if isinstance(self._decoder, StaticDecoder) else "hf"
+        self.decode_dtype = str(self._decoder.dtype).removeprefix("torch.") \
+            if isinstance(self._decoder, StaticDecoder) else \
+            str(next(model.parameters()).dtype).removeprefix("torch.")
 
     @property
     def weight_version(self) -> int:

@@ -169,7 +169,8 @@ def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Mod
                                       **vllm_options(cfg, section))
     if model is None:
         raise ValueError("engine 'hf' needs the model")
-    return HFGenerationEngine(copy.deepcopy(model).to(device), tokenizer)
+    return HFGenerationEngine(copy.deepcopy(model).to(device), tokenizer,
+                              decode_dtype=section.decode_dtype)
 
 
 def make_reference(cfg: RunConfig, tokenizer) -> list[Example]:

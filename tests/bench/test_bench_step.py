@@ -25,6 +25,18 @@ def test_bench_step_micro_reports_each_stage_against_its_bound():
     assert out["stage_seconds"]["propose"] > 0 and out["speedup"]["step"] > 0
     # the same seed gives the same tasks whichever decoder runs
     assert out["valid"] == out["baseline_run"]["valid"]
+    assert out["decode_dtypes"] == ["float32"] and "generate_bf16" not in out["bound_s"]
+
+
+@pytest.mark.slow
+def test_bench_step_sets_bfloat16_generation_against_its_own_bound():
+    out = step.run(_args("--config", "micro_warm", "--steps", "1",
+                         "proposer.decode_dtype=bfloat16", "solver.decode_dtype=bfloat16"))
+    assert out["decode_dtypes"] == ["bfloat16"]
+    assert 0 < out["bound_s"]["generate_bf16"]
+    assert out["fraction_of_bound"]["generate_bf16"] == pytest.approx(
+        out["bound_s"]["generate_bf16"] / (out["stage_seconds"]["propose"]
+                                           + out["stage_seconds"]["solve"]))
 
 
 def test_backward_bound_counts_only_the_crossed_blocks():

@@ -115,3 +115,17 @@ def test_roofline_counts_follow_the_model():
     assert long["decode_stream_s"] == pytest.approx(7e-3) and short["decode_stream_s"] == \
         pytest.approx(3e-3)
     assert long["roofline_s"] >= long["bound_s"] > short["bound_s"]
+
+
+def test_bench_generate_bf16_carries_its_own_bound_and_the_distribution_shift():
+    args = _args("--engine", "hf-bf16", "--batch-size", "2", "--new-tokens", "5",
+                 "--prompt-tokens", "6", "--reps", "1")
+    out = generate.run(args)
+    r, b = out["results"][0], out["bounds"]["micro"]
+    assert r["engine"] == "hf-bf16" and r["completion_tokens"] == 10
+    assert b["bf16"]["weight_stream_s"] > 0 and b["bf16"]["matmul_gflop_per_s"] > 0
+    assert r["fraction_of_bf16_bound"] == pytest.approx(b["bf16"]["bound_s"] / r["seconds"])
+    assert r["fraction_of_bound"] == pytest.approx(b["bound_s"] / r["seconds"])
+    shift = r["distribution_vs_float32"]
+    assert shift["positions"] == 10 and 0.0 <= shift["top1_agreement"] <= 1.0
+    assert shift["kl_mean_nats"] >= 0.0

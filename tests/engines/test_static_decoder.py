@@ -106,3 +106,51 @@ def test_other_architectures_fall_back_to_the_module_forward(tokenizer):
         >= 1
     with pytest.raises(ValueError, match="decoder"):
         HFGenerationEngine(gpt2, tokenizer, decoder="fast")
+
+
+def test_bfloat16_decoding_stays_close_to_float32_and_keeps_sampling_valid(tokenizer):
+    """decode_dtype=bfloat16: teacher-forced next-token distributions within a small KL of
+    the float32 decoder's (the same arithmetic in float32 gives exactly 0), seeded sampling
+    reproducible, templated output valid, weights followed after an in-place change."""
+    from compassplay.bench.decode_dtype import compare_decode_dtypes
+
+    model = tiny("qwen2", seed=3)
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]
+    same = compare_decode_dtypes(model, prompts, 12, dtype=torch.float32)
+    assert same["top1_agreement"] == 1.0 and same["kl_max_nats"] == 0.0
+    low = compare_decode_dtypes(model, prompts, 12)
+    assert low["positions"] == 24 and 0.0 < low["kl_mean_nats"] < 1e-3, low
+    assert low["max_abs_logit_diff"] > 0.0
+    engine = HFGenerationEngine(model, tokenizer, decode_dtype="bfloat16")
+    assert engine.decoder == "static" and engine.decode_dtype == "bfloat16"
+    assert engine._decoder.head.dtype == torch.bfloat16
+    templ = SamplingParams(max_new_tokens=40, temperature=0.9, seed=1,
+                           template=(Segment("```", "\n", 10), Segment("```", "", 8)))
+    s1 = engine.generate(prompts, templ)
+    s2 = HFGenerationEngine(model, tokenizer, decode_dtype="bfloat16").generate(prompts, templ)
+    assert [g.completion_ids for g in s1] == [g.completion_ids for g in s2]
+    assert all(g.finish_reason == "stop" and g.text.count("```") == 2 for g in s1)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(3.0)
+    assert engine._decoder.refresh_if_changed()
+    assert engine._decoder.blocks[0].wgu.dtype == torch.bfloat16
+
+
+def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch):
+    from compassplay.engines import static_decoder as sd
+
+    model = tiny("llama")
+    assert sd.resolve_decode_dtype("model", model) is None
+    assert sd.resolve_decode_dtype("bfloat16", model) is torch.bfloat16
+    with pytest.raises(ValueError, match="decode_dtype"):
+        sd.resolve_decode_dtype("fp8", model)
+    timings = {torch.float32: 2.0, torch.bfloat16: 1.0}
+    monkeypatch.setattr(sd, "decode_matmul_seconds", lambda m, dtype: timings[dtype])
+    assert sd.resolve_decode_dtype("auto", model) is torch.bfloat16
+    timings[torch.float32] = 1.2  # under the 1.25x margin
+    assert sd.resolve_decode_dtype("auto", model) is None
+    timings[torch.float32] = 9.0
+    assert sd.resolve_decode_dtype("auto", tiny("gpt2")) is None  # no static decoder
+    assert sd.resolve_decode_dtype("auto", tiny("llama").to(torch.bfloat16)) is None
+    monkeypatch.undo()
+    assert sd.decode_matmul_seconds(model, torch.float32, reps=2) > 0  # the real timing runs
