@@ -351,6 +351,7 @@ def test_grafana_metric_names_appear_in_the_scraped_exposition():
     m.observe_verifiers({"verifier-0": {"counts": {"ok": 3}, "runs_total": 3},
                          "verifier-1": {"counts": {"ok": 2, "timeout": 1}, "runs_total": 3}}, 1.0)
     m.solve_rate.observe(0.5)
+    m.observe_nodes({"gpu_worker": 1}, ["python_verifier"])
     text = generate_latest(m.registry).decode()
     samples = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
     dash = json.loads((DEPLOY / "grafana" / "compassplay_dashboard.json").read_text())
