@@ -49,6 +49,8 @@ from compassplay.config.section import (  # noqa: F401
     Section,
 )
 from compassplay.config.task_reward import (  # noqa: F401
+    AZR_CODE_OUTSIDE_REWARD,
+    GRADIENT_KINDS,
     LeanTaskSection,
     ReferenceSection,
     RewardSection,

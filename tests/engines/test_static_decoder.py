@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM
 
 from compassplay.config import TinyModelConfig
 from compassplay.engines import SamplingParams
-from compassplay.engines.base import Segment
-from compassplay.engines.hf_generation import HFGenerationEngine
-from compassplay.engines.static_decoder import StaticDecoder, unsupported_reason
+from compassplay.engines.generation.base import Segment
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.static_decoder import StaticDecoder, unsupported_reason
 from compassplay.models.loading import tiny_config
 
 
