@@ -297,14 +297,16 @@ def test_dry_run_exits_2_naming_the_field(capsys):
 
 def test_the_core_needs_neither_ray_nor_torch():
     root = Path(mp.__file__).parent
-    for name in ("memory_plan.py", "memory_shapes.py"):
-        tree = ast.parse((root / name).read_text())
+    for path in sorted(root.glob("*.py")):  # plan/: memory, shapes, resources
+        name = path.name
+        tree = ast.parse(path.read_text())
         mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         mods |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
         assert not {m for m in mods if m.split(".")[0] in ("ray", "torch")}, name
     code = ("import sys; from compassplay.config import load_config; "
             "from compassplay.plan.memory import plan_memory; "
-            "plan_memory(load_config('paper_coding_7b')); "
+            "from compassplay.plan.resources import requests; "
+            "plan_memory(load_config('paper_coding_7b')); requests(load_config('paper_coding_7b')); "
             "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, cwd=Path(mp.__file__).parents[2])

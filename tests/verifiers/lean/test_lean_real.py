@@ -7,7 +7,7 @@ To run it (needs a few GB of disk and network for the Mathlib cache):
     (cd ~/lean/repl && lake build) && ln -s ~/lean/repl/.lake/build/bin/repl ~/.local/bin/repl
     git clone --depth 1 --branch v4.19.0 https://github.com/leanprover-community/mathlib4 \
         ~/lean/mathlib4 && (cd ~/lean/mathlib4 && lake exe cache get)
-    LEAN_PROJECT_DIR=~/lean/mathlib4 pytest -q tests/verifiers/test_lean_real.py
+    LEAN_PROJECT_DIR=~/lean/mathlib4 pytest -q tests/verifiers/lean/test_lean_real.py
 
 Use the same tag for repl and mathlib4 (both follow Lean's version tags). Optional:
 LEAN_REPL_COMMAND (default "lake env repl"), LEAN_TEST_HEADER (default "import Mathlib").
