@@ -3,11 +3,11 @@
 Checks what a run would otherwise find out minutes (or GPU-hours) in: the environment (seed
 programs, SOAR's held-out seeds, the Lean target set), the reference set, SOAR's held-out
 problems and their disjointness from the reference set, the evaluation data, the GPU memory
-plan (`memory_plan`: what each GPU role needs and whether the roles that may share a GPU fit,
-plan/memory.py) and the GPUs of NCCL groups and CUDA IPC (`sync.gpu_members`: no two members of one NCCL
+plan (`plan.memory`: what each GPU role needs and whether the roles that may share a GPU fit),
+the GPUs of NCCL groups and CUDA IPC (`sync.gpu_members`: no two members of one NCCL
 communicator may share a GPU; the learner and vLLM generators of `weight_sync=ipc` must) and
-the resource plan of the Ray executor. A problem raises ConfigError
-naming the field (exit code 2).
+the Ray executor's resource plan (`plan.resources`). A problem raises ConfigError naming the
+field (exit code 2).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Its Ray resources come from `verifiers.lean.actor` (default `{num_cpus: 1, resources:
 {lean_repl: 1}}`), so it only lands on nodes that advertise `lean_repl` -- the Lean node type of
-ray_cluster.yaml / deploy/kuberay/raycluster.yaml. `LeanFleet` (lean_fleet.py) adds and
+ray_cluster.yaml / deploy/kuberay/raycluster.yaml. `LeanFleet` (fleet.py) adds and
 removes these actors to follow the backlog.
 """
 

@@ -5,7 +5,7 @@
         rs = sb.run_many([code1, code2])       # parallel, results in input order
         a, b = sb.run_many([code, code], hash_seeds=[0, 1])  # two string-hash seeds
 
-Isolation (see `isolation.py` and `sandbox_worker.py`): one bubblewrap sandbox per worker
+Isolation (see `isolation.py` and `zygote.py`): one bubblewrap sandbox per worker
 (own net/pid/mount/ipc/uts namespaces; a read-only root showing only the host's system
 directories and the interpreter; size-limited tmpfs /tmp and /dev/shm; cleared env), in root
 mode or, for ordinary users, rootless mode (unprivileged user namespace); inside it a warm
