@@ -17,7 +17,7 @@ from pathlib import Path
 from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
-from compassplay.run.interrupt import EXIT_CODE
+from compassplay.executors.interrupt import EXIT_CODE
 
 # The config `run` and `config show` use without --config (compassplay/configs/default.yaml)
 DEFAULT_CONFIG = "default"
@@ -97,7 +97,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_experiment(sub: argparse._SubParsersAction) -> None:
-    from compassplay.run import experiment
+    from compassplay.commands import experiment
 
     p = sub.add_parser("experiment", help="a controlled comparison: every arm x seed, then a "
                        "report", description=experiment.__doc__,
@@ -145,7 +145,7 @@ def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from compassplay.run.launch import launch_run
+    from compassplay.commands.launch import launch_run
 
     config_path = args.config
     if config_path is None and args.resume:
@@ -158,7 +158,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(config_path, overrides)
     logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
     if args.dry_run:
-        from compassplay.run.dry_run import dry_run
+        from compassplay.commands.dry_run import dry_run
 
         print(json.dumps(dry_run(cfg, args.executor), indent=1))
         print(f"dry run of {config_path}: everything but the models builds")
@@ -192,8 +192,8 @@ def _config(args: argparse.Namespace) -> int:
 
 def _summary_text(run_dir: Path) -> str:
     """The end-of-run table; the plot is written next to metrics.jsonl."""
-    from compassplay.run.plot import plot_lean_fleet, plot_run
-    from compassplay.run.summary import format_summary, run_summary
+    from compassplay.commands.plot import plot_lean_fleet, plot_run
+    from compassplay.commands.summary import format_summary, run_summary
 
     try:
         plot = plot_run(run_dir)
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return report.run(args)
         if args.cmd == "experiment":
-            from compassplay.run import experiment
+            from compassplay.commands import experiment
 
             return experiment.run(args)
         if args.cmd == "reference":
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return reference_build.run(args)
         if args.cmd == "plot":
-            from compassplay.run.plot import plot_lean_fleet, plot_run
+            from compassplay.commands.plot import plot_lean_fleet, plot_run
 
             print(plot_run(args.run_dir, args.out))
             fleet = plot_lean_fleet(args.run_dir)

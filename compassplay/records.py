@@ -170,7 +170,7 @@ class StepStats(Record):
     loss: float
     grad_norm: float
     solver_accuracy: float
-    # the learner's update (`engines.learner.LearnerStats`): the learning rate it used, the
+    # the learner's update (`engines.training.learner.LearnerStats`): the learning rate it used, the
     # fraction of completion tokens whose PPO ratio was clipped, the k3 KL to the reference
     # (0 without one), the policy's mean token entropy (nats) and the mean completion length
     # (tokens) over the step's trajectories
@@ -197,7 +197,7 @@ class StepStats(Record):
     eligible_reward_distinct: int | None = None
     # The share of the proposer's advantage variance that differs between eligible
     # candidates of one group (the part the reward's score decides; the rest contrasts the
-    # classes), pooled over the step's (task type) groups: `engines.advantages.score_share`.
+    # classes), pooled over the step's (task type) groups: `engines.training.advantages.score_share`.
     # None when the step has no proposer trajectories.
     score_advantage_share: float | None = None
     # Lean runs on the Ray executor with verifiers.lean.backend=fleet (None otherwise):
@@ -240,7 +240,7 @@ class Trajectory(Record):
     Advantages are normalized within each (task_type, role) group of a batch (task-relative
     REINFORCE++); `reward` is the raw scalar (proposer reward or solver reward). Members of a
     group that share a non-empty `subgroup` have their deviations from their own mean
-    standardized among themselves (`engines.advantages`; reward.normalize=eligible labels the
+    standardized among themselves (`engines.training.advantages`; reward.normalize=eligible labels the
     eligible proposals "eligible"). A trajectory with a fixed `advantage` is a supervised
     example (solver.train_on=selected: SGS's weighted SFT on selected verified proofs, +1 each):
     it keeps that advantage and takes no part in any group's statistics.

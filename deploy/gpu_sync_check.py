@@ -240,7 +240,7 @@ def _raw_nccl_member(q, port: int, rank: int) -> None:
 
 
 def section_nccl(args: argparse.Namespace) -> dict[str, Any]:
-    from compassplay.engines.dist import free_port
+    from compassplay.engines.training.dist import free_port
 
     one = run_child(_channel_member, (free_port(), 0, 1), args.timeout_s)
     port = free_port()
@@ -301,7 +301,7 @@ def _bucket_member(q, port: int, rank: int, device: str, bucket_bytes: int) -> N
 
 
 def section_buckets(args: argparse.Namespace) -> dict[str, Any]:
-    from compassplay.engines.dist import free_port
+    from compassplay.engines.training.dist import free_port
 
     bucket = args.bucket_mb * MiB
     port = free_port()

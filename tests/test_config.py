@@ -88,7 +88,7 @@ def test_cli_config_show_prints_resolved_yaml():
 def test_laptop_configs_fit_a_two_cpu_cluster(name):
     """`ray start --head` on a 2-core laptop offers 2 CPUs: every actor of a laptop config
     (with evaluation on, too) must fit, or the run waits for resources that never come."""
-    from compassplay.actors.placement import requests
+    from compassplay.plan.resources import requests
 
     for extra in ([], ["eval.every_steps=1"]):
         cfg = load_config(name, extra)
@@ -113,7 +113,7 @@ def test_paper_scale_configs_differ_from_the_cosine_run_only_in_the_reward(name,
     # AZR's settings: 64 proposals per task type, K=6 references, 8 solver rollouts.
     assert (cfg["proposer"]["batch_size"], cfg["proposer"]["num_references"],
             cfg["solver"]["n_samples"]) == (64, 6, 8)
-    if kind == "soar":  # SOAR's trained copy needs 141 GiB scorer GPUs (run/memory_plan.py):
+    if kind == "soar":  # SOAR's trained copy needs 141 GiB scorer GPUs (plan/memory.py):
         # the GPU size the memory plan checks against is the only other difference
         assert cfg["cluster"].pop("gpu_memory_gib") == 141
         assert ref["cluster"].pop("gpu_memory_gib") == 80

@@ -88,7 +88,7 @@ def test_run_uses_the_same_default(monkeypatch):
         seen["cfg"] = cfg
         raise SystemExit(0)
 
-    monkeypatch.setattr("compassplay.run.launch.launch_run", fake_launch)
+    monkeypatch.setattr("compassplay.commands.launch.launch_run", fake_launch)
     with pytest.raises(SystemExit):
         cli.main(["run"])
     assert seen["cfg"] == load_config(cli.DEFAULT_CONFIG)

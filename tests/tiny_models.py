@@ -32,7 +32,7 @@ def synthetic_trajectories(model: torch.nn.Module, n: int = 6, seed: int = 0,
                            roles: tuple[str, ...] = ("solver",)) -> list[Trajectory]:
     """Trajectories with behaviour log-probs recomputed from `model` (exactly on-policy);
     reward = fraction of completion bytes >= 65 ('A')."""
-    from compassplay.engines.logprobs import pack, token_logprobs
+    from compassplay.engines.training.logprobs import pack, token_logprobs
 
     g = torch.Generator().manual_seed(seed)
     trajs = []

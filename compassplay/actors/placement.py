@@ -22,6 +22,7 @@ from compassplay.actors.shells import (
 )
 from compassplay.config import ActorResources, RunConfig
 from compassplay.errors import ActorStartError
+from compassplay.plan.resources import bundle, bundle_plan, uses_lean_fleet
 from compassplay.sync.gpu_members import ipc_roles
 
 log = logging.getLogger(__name__)
@@ -78,45 +79,6 @@ class ActorSet:
             remove_placement_group(pg)
 
 
-def _bundle(res: ActorResources) -> dict[str, float]:
-    b = {"CPU": res.num_cpus, **res.resources}
-    if res.num_gpus:
-        b["GPU"] = res.num_gpus
-    return {k: v for k, v in b.items() if v}
-
-
-def _merged(parts: list[ActorResources]) -> dict[str, float]:
-    """One bundle holding every resource of `parts` (summed)."""
-    out: dict[str, float] = {}
-    for res in parts:
-        for k, v in _bundle(res).items():
-            out[k] = out.get(k, 0.0) + v
-    return out
-
-
-def bundle_plan(cfg: RunConfig) -> tuple[list[dict[str, float]], dict[str, int]] | None:
-    """The run's STRICT_PACK placement group, if it has one: (bundles, role -> bundle index;
-    scorers as scorer-i). learner.weight_sync=ipc puts the learner and the vLLM generators in
-    bundle 0 (one bundle: one node, and with GPU fractions adding up to at most 1 one GPU, as
-    vLLM's examples/rl/rlhf_ipc.py does), else Ray may place them on different GPUs and
-    the engines find no handles for theirs; `cluster.placement=pack_scorers_with_learner` adds
-    the scorers' bundles (after the learner ranks')."""
-    c, n, world = cfg.cluster, cfg.scorer.num_scorers, cfg.learner.num_ranks
-    together = ipc_roles(cfg)
-    if not together and c.placement != "pack_scorers_with_learner":
-        return None
-    if together:
-        bundles = [_merged([getattr(c, r) for r in together])]
-        roles = dict.fromkeys(together, 0)
-    else:
-        bundles = [_bundle(c.learner)] * world
-        roles = {"learner": 0}
-    if c.placement == "pack_scorers_with_learner":
-        roles.update({f"scorer-{i}": len(bundles) + i for i in range(n)})
-        bundles = bundles + [_bundle(c.scorer)] * n
-    return bundles, roles
-
-
 def actor_options(res: ActorResources, name: str, policy: dict, pg=None,
                   bundle: int | None = None) -> dict[str, Any]:
     """Ray options for one actor: a dashboard name, resources, restart policy, placement."""
@@ -130,30 +92,10 @@ def actor_options(res: ActorResources, name: str, policy: dict, pg=None,
     return opts
 
 
-def requests(cfg: RunConfig) -> dict[str, dict[str, float]]:
-    """What each role's actor asks the cluster for (for logs and errors)."""
-    c, ranks = cfg.cluster, cfg.learner.num_ranks
-    out = {"learner": _bundle(c.learner)} if ranks == 1 else {
-        f"learner-{i}": _bundle(c.learner) for i in range(ranks)}
-    out.update({"proposer": _bundle(c.proposer), "solver": _bundle(c.solver)})
-    out.update({f"verifier-{i}": _bundle(c.verifier) for i in range(c.num_verifiers)})
-    out.update({f"scorer-{i}": _bundle(c.scorer) for i in range(cfg.scorer.num_scorers)})
-    if cfg.eval.every_steps:
-        out["eval"] = _bundle(c.eval)
-    if uses_lean_fleet(cfg):
-        out["lean-fleet"] = {}
-    return out
-
-
-def uses_lean_fleet(cfg: RunConfig) -> bool:
-    """Lean checks go to a LeanVerifierFleet (task.domain=lean, verifiers.lean.backend=fleet)."""
-    return cfg.task.domain == "lean" and cfg.verifiers.lean.backend == "fleet"
-
-
 def make_lean_fleet(cfg: RunConfig) -> Any:
     """The run's LeanFleetActor (no CPU of its own; its LeanVerifiers ask verifiers.lean.actor),
     after a log line on what the cluster offers of the resources they ask for."""
-    from compassplay.actors.lean_router import LeanFleetActor
+    from compassplay.actors.lean.fleet_actor import LeanFleetActor
 
     lc = cfg.verifiers.lean
     total = ray.cluster_resources()
@@ -213,7 +155,7 @@ def learner_placement(cfg: RunConfig, suffix: str = ""):
     c, world = cfg.cluster, cfg.learner.num_ranks
     if world == 1:
         return None
-    pg = placement_group([_bundle(c.learner)] * world, strategy="PACK",
+    pg = placement_group([bundle(c.learner)] * world, strategy="PACK",
                          name=f"{cfg.run.name}:learner{suffix}")
     wait_placement_group(pg, c.startup_timeout_s)
     return pg

@@ -7,7 +7,7 @@ finds its version newer than the one it holds (`ray.get` then fetches it). That 
 restarted actor up to date on its next call.
 
 With `learner.weight_sync=nccl` the state does not travel with the call: it arrives by
-`receive(version)` calls paired with the learner's `broadcast` (see `executors.ray_driver`).
+`receive(version)` calls paired with the learner's `broadcast` (see `executors.ray.driver`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import ray
 
 from compassplay.actors.whereabouts import here
 from compassplay.config import RunConfig
-from compassplay.engines.dist import RankInfo, rendezvous
+from compassplay.engines.training.dist import RankInfo, rendezvous
 from compassplay.step.graph import StageCall, WeightsOffer, run_stage
 from compassplay.workers.eval_worker import EvalReport, EvalWorker
 from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
@@ -106,7 +106,7 @@ class VerifierActor(_Shell):
         def make() -> VerifierWorker:
             if lean_fleet is None:
                 return VerifierWorker(cfg)
-            from compassplay.actors.lean_router import FleetLeanPool
+            from compassplay.actors.lean.fleet_actor import FleetLeanPool
             return VerifierWorker(cfg, backend=FleetLeanPool(lean_fleet, cfg.verifiers.lean))
         self._build(make)
 

@@ -1,8 +1,9 @@
 """Wait for a run's actors to come up: log what is pending, name the one that fails.
 
 Ray places an actor when the cluster has its resources. `wait_ready` calls every actor's
-`ready()` (see `actors.roles._Shell`: the constructor keeps its error instead of raising), logs every `log_every_s` seconds which roles are still pending with the resources they
-asked for and what the cluster has free, and turns a constructor failure into one
+`ready()` (see `actors.shells`: the constructor keeps its error instead of raising), logs
+every `log_every_s` seconds which roles are still pending with the resources they asked for
+and what the cluster has free, and turns a constructor failure into one
 `ActorStartError` naming the role and the cause (the traceback goes to the DEBUG log).
 """
 

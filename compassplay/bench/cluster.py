@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, node_type_of, wait_for
-from compassplay.run.runlog import METRICS_FILE, comparable_steps, read_metrics
+from compassplay.rundir.runlog import METRICS_FILE, comparable_steps, read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -226,9 +226,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from compassplay.config import load_config
     from compassplay.errors import RunInterrupted
+    from compassplay.executors.interrupt import StopRequest
     from compassplay.executors.local import LocalExecutor
-    from compassplay.executors.ray_driver import run_pipeline
-    from compassplay.run.interrupt import StopRequest
+    from compassplay.executors.ray.driver import run_pipeline
 
     if args.steps < 2:
         raise ValueError(f"--steps must be >= 2 (a kill after step 0, a resume after step 1), "

@@ -15,7 +15,7 @@ from importlib import resources
 
 import torch
 
-from compassplay.engines.static_decoder import StaticDecoder
+from compassplay.engines.generation.static_decoder import StaticDecoder
 
 
 def code_prompts(tokenizer, rows: int, tokens: int) -> list[list[int]]:

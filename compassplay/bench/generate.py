@@ -38,7 +38,7 @@ import torch
 from compassplay.bench import roofline
 from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, ModelSection
-from compassplay.engines.base import GenerationEngine, SamplingParams
+from compassplay.engines.generation.base import GenerationEngine, SamplingParams
 
 MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="smollm2-gguf")}
 
@@ -67,13 +67,13 @@ def _engine(kind: str, name: str, device: str, seed: int,
     model, tok = load_model(MODELS[name], seed=seed)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     if kind in ("hf", "hf-module", "hf-bf16"):
-        from compassplay.engines.hf_generation import HFGenerationEngine
+        from compassplay.engines.generation.hf import HFGenerationEngine
 
         decoder = {"hf": "auto", "hf-module": "hf", "hf-bf16": "static"}[kind]
         return HFGenerationEngine(model.to(device), tok, eos_token_id=-1, decoder=decoder,
                                   decode_dtype="bfloat16" if kind == "hf-bf16" else "model"
                                   ), vocab
-    from compassplay.engines.vllm_generation import VLLMGenerationEngine, import_vllm
+    from compassplay.engines.generation.vllm import VLLMGenerationEngine, import_vllm
 
     import_vllm()  # fail before writing anything
     model.save_pretrained(workdir)

@@ -8,7 +8,7 @@ Parts, each reported in one JSON object (and `--out FILE`):
   tokens per candidate: candidates/s, naive/batched/floor seconds and their ratios, peak memory
   of each, the path each layer took, and the cosine error against a float32 per-candidate
   oracle at the same weights;
-* generate: the HF engine (`engines.hf_generation`) sampling on the GPU at the 1.5B shape;
+* generate: the HF engine (`engines.generation.hf`) sampling on the GPU at the 1.5B shape;
 * learn: one `PolicyLearner` step (torch backend, AdamW) on those samples at the 1.5B shape;
 * deepspeed (only where DeepSpeed is installed; `--skip deepspeed`): the same step through the
   DeepSpeed backend as a world of one rank, ZeRO-3 and ZeRO-2 with the optimizer offloaded to
@@ -111,8 +111,8 @@ def _tokenizer():
 
 def generate_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
     """HF engine on `dev`: `--gen-batch` prompts, `--gen-tokens` new tokens each (EOS off)."""
-    from compassplay.engines.base import SamplingParams
-    from compassplay.engines.hf_generation import HFGenerationEngine
+    from compassplay.engines.generation.base import SamplingParams
+    from compassplay.engines.generation.hf import HFGenerationEngine
 
     model = model_shapes.build(args.gen_shape, scorer_bench.DTYPES[args.dtype], dev, seed=0)
     engine = HFGenerationEngine(model, _tokenizer(), eos_token_id=[])

@@ -1,6 +1,6 @@
 """`compassplay bench pipeline`: how much of the work the Ray pipeline overlaps.
 
-Stand-in mode (default): the real driver (`executors.ray_driver.Pipeline`) runs actors whose stages sleep
+Stand-in mode (default): the real driver (`executors.ray.driver.Pipeline`) runs actors whose stages sleep
 for set durations per step: generation (split evenly between proposer and solver), verification
 (split between validate and grade), scoring and learning. Reported:
 - serial_s: steps x (sum of stage durations), no overlap at all;
@@ -25,8 +25,8 @@ import ray
 
 from compassplay.actors.placement import ActorSet
 from compassplay.config import load_config
-from compassplay.executors.ray_driver import Pipeline
-from compassplay.executors.ray_session import init_ray
+from compassplay.executors.ray.driver import Pipeline
+from compassplay.executors.ray.session import init_ray
 from compassplay.records import StepStats
 from compassplay.step.graph import StageCall
 from compassplay.step.messages import StepResult
@@ -115,7 +115,7 @@ def stand_in_bench(args: argparse.Namespace) -> dict:
 
 
 def real_bench(args: argparse.Namespace) -> dict:
-    from compassplay.executors.ray_driver import run_pipeline
+    from compassplay.executors.ray.driver import run_pipeline
 
     cfg = load_config(args.config, [f"pipeline.steps={args.steps}",
                                     f"pipeline.staleness={args.staleness}",

@@ -2,7 +2,7 @@
 
 Runs `--config` (default: the shipped default job, Ray executor) with any dotted overrides and
 reports its wall seconds (model preparation and the format bootstrap included) with the run
-summary (`run.summary.run_summary`: valid rate, eligible per step, solver accuracy, parse
+summary (`commands.summary.run_summary`: valid rate, eligible per step, solver accuracy, parse
 failures, per-step rows). `--run-dir DIR` reports an existing run instead (no wall time).
 
     compassplay bench run --json run.seed=1 run.name=seed1
@@ -14,7 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
-from compassplay.run.summary import run_summary
+from compassplay.commands.summary import run_summary
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +30,8 @@ def run(args: argparse.Namespace) -> dict:
     """Run (or read) the run; returns the JSON-ready figures."""
     if args.run_dir:
         return {"run_dir": args.run_dir, "wall_s": None, **run_summary(Path(args.run_dir))}
+    from compassplay.commands.launch import launch_run
     from compassplay.config import load_config
-    from compassplay.run.launch import launch_run
 
     cfg = load_config(args.config, args.overrides)
     t0 = time.perf_counter()

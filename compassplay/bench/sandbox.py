@@ -28,8 +28,8 @@ import resource
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-from compassplay.verifiers import isolation
-from compassplay.verifiers.python_sandbox import PythonSandbox
+from compassplay.verifiers.sandbox import isolation
+from compassplay.verifiers.sandbox.pool import PythonSandbox
 
 TRIVIAL_PROGRAMS = [
     "print(sum(range(10)))",

@@ -88,8 +88,9 @@ def spec_layers(spec: str | list[str], layers: int) -> int:
 def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
     """Wrap the engine's generate, the learner's log-probs and the scorer's losses so that
     each call appends its shapes to `ledger` (and, with `baseline`, runs the old paths)."""
-    from compassplay.engines import hf_generation, learner
-    from compassplay.engines.base import generate_grouped
+    from compassplay.engines.generation import hf as hf_generation
+    from compassplay.engines.generation.base import generate_grouped
+    from compassplay.engines.training import learner
     from compassplay.rewards import batch as score_batch
     from compassplay.rewards import gradient, per_sample
 
@@ -181,8 +182,8 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
 
 
 def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
+    from compassplay.commands.launch import launch_run
     from compassplay.config import load_config
-    from compassplay.run.launch import launch_run
 
     overrides = [f"pipeline.steps={args.steps}", "logging.progress=false", *args.overrides]
     ledger = Ledger()

@@ -105,7 +105,7 @@ def _crux_tasks(data_dir: str, n: int) -> list[Task]:
 
 
 def _make_runner(args: argparse.Namespace):
-    from compassplay.verifiers.python_sandbox import PythonSandbox
+    from compassplay.verifiers.sandbox.pool import PythonSandbox
 
     return PythonSandbox(workers=args.workers, timeout_s=args.timeout_s, memory_mb=512,
                          max_output_bytes=65536, isolation=args.isolation)
@@ -132,7 +132,7 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
 def _generate(engine, tok, prompts: list[str], prefix: str, max_new_tokens: int,
               args: argparse.Namespace, seed: int, template: tuple = ()) -> list:
     """Completions (after the prefilled `prefix`) built exactly as the self-play stages do."""
-    from compassplay.engines.base import SamplingParams
+    from compassplay.engines.generation.base import SamplingParams
     from compassplay.step.prompting import prompt_ids
 
     ids = [prompt_ids(tok, p, prefix) for p in prompts]
@@ -149,7 +149,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from compassplay.config import ModelSection
-    from compassplay.engines.hf_generation import HFGenerationEngine
+    from compassplay.engines.generation.hf import HFGenerationEngine
     from compassplay.models.loading import load_model
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

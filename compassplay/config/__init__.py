@@ -2,9 +2,10 @@
 
 Every knob has a default, a type, a range where it has one, and a description. Errors name the
 file, the dotted field and what was expected (`ConfigError`). The sections live in `models`
-(run, model, roles, scorer, learner, bootstrap), `tasks` (tasks, reward, reference) and `infra`
-(verifiers, pipeline, eval, logging, cluster); `RunConfig` in `run_config`; reading files,
-shipped configs, `base:` and overrides in `loading`. Import everything from here.
+(run, model, roles, scorer, learner, bootstrap), `task_reward` (task, reward, reference, and the
+constants they share: `GRADIENT_KINDS`, `AZR_CODE_OUTSIDE_REWARD`) and `infra` (verifiers,
+pipeline, eval, logging, cluster); `RunConfig` in `run_config`; reading files, shipped configs,
+`base:` and overrides in `files`. Import everything from here.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ from compassplay.config.section import (  # noqa: F401
     Section,
 )
 from compassplay.config.task_reward import (  # noqa: F401
+    AZR_CODE_OUTSIDE_REWARD,
+    GRADIENT_KINDS,
     LeanTaskSection,
     ReferenceSection,
     RewardSection,

@@ -31,7 +31,7 @@ class LeanActorResources(ActorResources):
 
 
 class LeanScalingSection(Section):
-    """How many LeanVerifier actors run (compassplay/verifiers/lean_scaling.py)."""
+    """How many LeanVerifier actors run (compassplay/verifiers/lean/scaling.py)."""
 
     min_actors: int = Field(0, ge=0, description="actors kept even when idle")
     max_actors: int = Field(8, ge=1, description="upper bound (Lean nodes x lean_repl per node)")
@@ -50,7 +50,7 @@ class LeanScalingSection(Section):
 
 
 class LeanSection(Section):
-    """Lean 4 REPL verifier (leanprover-community/repl), see compassplay/verifiers/lean_pool.py."""
+    """Lean 4 REPL verifier (leanprover-community/repl), see compassplay/verifiers/lean/pool.py."""
 
     command: list[str] = Field(default_factory=lambda: ["lake", "env", "repl"], min_length=1,
                                description="REPL command, run in project_dir")
@@ -74,7 +74,7 @@ class LeanSection(Section):
                                         description="how many LeanVerifier actors run (fleet)")
     backend: Literal["fleet", "local"] = Field(
         "fleet", description="Ray executor: fleet = verifier actors send their Lean checks to a "
-        "LeanVerifierFleet (LeanVerifier actors asking `actor`, sized by `scaling`); local = "
+        "LeanFleet (LeanVerifier actors asking `actor`, sized by `scaling`); local = "
         "each verifier actor owns a pool of `processes` REPLs. The local executor is always local")
     resource_wait_s: float = Field(
         900.0, ge=0.0, description="fleet: seconds checks wait for a LeanVerifier actor to be "
@@ -168,7 +168,7 @@ class ClusterSection(Section):
     num_verifiers: int = Field(1, ge=1, description="verifier actors sharing the load")
     gpu_memory_gib: float = Field(
         80.0, gt=0.0, description="memory of each GPU (GiB) the memory plan checks the roles "
-        "placed on it against (`compassplay run --dry-run`, run/memory_plan.py): 80 for "
+        "placed on it against (`compassplay run --dry-run`, plan/memory.py): 80 for "
         "A100/H100 80GB, 141 for H200")
     placement: Literal["none", "pack_scorers_with_learner"] = Field(
         "none", description="pack_scorers_with_learner: one STRICT_PACK placement group")

@@ -234,7 +234,7 @@ class LearnerSection(Section):
 
 
 class BootstrapSection(Section):
-    """Format bootstrap before self-play (compassplay/models/bootstrap.py): a short supervised
+    """Format bootstrap before self-play (compassplay/warmup/bootstrap.py): a short supervised
     warm-up on (prompt, reply) pairs rendered from the seed set in the run's exact format,
     cached once under the model cache directory, keyed by model, examples and recipe."""
 

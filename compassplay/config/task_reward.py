@@ -8,8 +8,15 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from compassplay.config.section import Section
-from compassplay.rewards.functions import AZR_CODE_OUTSIDE_REWARD
 
+#: What AZR's released code gives a valid, well-formatted proposal the solver always or never
+#: solves: its learnability is 0 there, and a proposal with zero learnability gets -0.5
+#: (`reward.outside_reward`'s default under `reward.azr_compat`; see `rewards.functions.difficulty`).
+AZR_CODE_OUTSIDE_REWARD = -0.5
+
+#: The reward kinds scored by a task's loss gradient against a reference gradient (they need
+#: the scorer's model passes and a reference set).
+GRADIENT_KINDS = ("cosine", "inner", "cos_novelty", "precond_cosine")
 
 class LeanTaskSection(Section):
     """The Lean theorem-proving task (compassplay/envs/lean). The REPL command, the pool size

@@ -3,13 +3,13 @@
 Heavy optional backends (vllm, deepspeed) are imported only when chosen.
 """
 
-from compassplay.engines.base import (
+from compassplay.engines.factory import make_generation_engine, make_learner
+from compassplay.engines.generation.base import (
     GenerationEngine,
     SamplingParams,
     StaleWeightsError,
 )
-from compassplay.engines.factory import make_generation_engine, make_learner
-from compassplay.engines.learner import Learner, LearnerStats
+from compassplay.engines.training.learner import Learner, LearnerStats
 
 __all__ = ["GenerationEngine", "Learner", "LearnerStats", "SamplingParams",
            "StaleWeightsError", "make_generation_engine", "make_learner"]

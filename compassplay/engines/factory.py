@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from compassplay.engines.base import GenerationEngine
-from compassplay.engines.dist import RankInfo
-from compassplay.engines.learner import PolicyLearner, Slot
+from compassplay.engines.generation.base import GenerationEngine
+from compassplay.engines.training.dist import RankInfo
+from compassplay.engines.training.learner import PolicyLearner, Slot
 
 
 def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None = None, *,
@@ -33,11 +33,11 @@ def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None 
         for m in models.values():
             enable_gradient_checkpointing(m)
     if cfg.backend == "torch":
-        from compassplay.engines.torch_learner import TorchSlot
+        from compassplay.engines.training.torch_learner import TorchSlot
 
         slots: dict[str, Slot] = {k: TorchSlot(m, cfg, total_steps) for k, m in models.items()}
     elif cfg.backend == "deepspeed":
-        from compassplay.engines.deepspeed_learner import DeepSpeedSlot
+        from compassplay.engines.training.deepspeed import DeepSpeedSlot
 
         slots = {k: DeepSpeedSlot(m, cfg, total_steps, dist) for k, m in models.items()}
     else:
@@ -51,13 +51,13 @@ def make_generation_engine(kind: str, model: Any, tokenizer: Any = None,
     """kind "hf": `model` is a transformers module; kind "vllm": `model` is an HF directory or
     hub id that vLLM loads itself (GPU only; extra kwargs go to `VLLMGenerationEngine`)."""
     if kind == "hf":
-        from compassplay.engines.hf_generation import HFGenerationEngine
+        from compassplay.engines.generation.hf import HFGenerationEngine
 
         if tokenizer is None:
             raise ValueError("engine 'hf' needs a tokenizer")
         return HFGenerationEngine(model, tokenizer, **kwargs)
     if kind == "vllm":
-        from compassplay.engines.vllm_generation import VLLMGenerationEngine
+        from compassplay.engines.generation.vllm import VLLMGenerationEngine
 
         return VLLMGenerationEngine(model, tokenizer=tokenizer, **kwargs)
     raise ValueError(f"engine: unknown generation engine {kind!r} (expected 'hf' or 'vllm')")

@@ -13,7 +13,7 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any
 
-from compassplay.engines.base import Segment
+from compassplay.engines.generation.base import Segment
 from compassplay.records import Attempt, Score, Task, Verdict
 from compassplay.rewards.functions import Tokenize, regex_tokenize
 

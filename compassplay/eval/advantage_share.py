@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from compassplay.config import RewardSection
-from compassplay.engines.advantages import gated_score_share, group_normalized, score_share
+from compassplay.engines.training.advantages import gated_score_share, group_normalized, score_share
 from compassplay.records import Score
 from compassplay.rewards.functions import proposer_reward
 from compassplay.rewards.shaping import ScoreWindow, gate_levels, gate_of, shape
@@ -77,7 +77,7 @@ def cosine_share(rewards: Sequence[float], eligible: Sequence[bool], groups: Seq
                  normalize: str) -> tuple[float, float]:
     """(sum of squares of the advantages among eligible candidates around their group's
     eligible mean, total sum of squares around the group means), pooled over groups, for
-    normalize all / eligible (`engines.advantages.score_share`)."""
+    normalize all / eligible (`engines.training.advantages.score_share`)."""
     subs = ["eligible" if e and normalize == "eligible" else "" for e in eligible]
     return score_share(group_normalized(rewards, groups, subgroups=subs), eligible, groups)
 

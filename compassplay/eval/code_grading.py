@@ -1,5 +1,5 @@
 """Grade code benchmarks by execution; every program runs through the given code runner
-(production: `compassplay.verifiers.python_sandbox.PythonSandbox`, never the host).
+(production: `compassplay.verifiers.sandbox.pool.PythonSandbox`, never the host).
 
 - cruxeval-o / livecodebench-exec: `assert <gold output> == <predicted literal>` after the function;
   a prediction that calls the function is rejected (CRUXEval's rule: a literal is asked for).

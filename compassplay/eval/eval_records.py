@@ -1,6 +1,6 @@
 """Typed eval records, and the metrics.jsonl schema for eval results and compute cost.
 
-metrics.jsonl (one JSON object per line, see `compassplay.run.runlog`) holds three kinds of line:
+metrics.jsonl (one JSON object per line, see `compassplay.rundir.runlog`) holds three kinds of line:
 
 * step lines: `StepStats` (no "kind" key, or "kind": "step"). A step line carries the cost
   field `cumulative_device_seconds` (device seconds spent by training up to and including the

@@ -33,7 +33,7 @@ class Grader:
 
     def runner(self) -> CodeRunner:
         if self._runner is None:
-            from compassplay.verifiers.python_sandbox import PythonSandbox
+            from compassplay.verifiers.sandbox.pool import PythonSandbox
 
             self._runner = PythonSandbox(workers=self.workers, timeout_s=self.timeout_s,
                                          memory_mb=512).start()

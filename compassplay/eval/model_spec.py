@@ -20,7 +20,7 @@ from typing import Any
 
 from compassplay.config import ModelSection, load_config
 from compassplay.models.loading import load_model
-from compassplay.run.checkpoint import latest_checkpoint
+from compassplay.rundir.checkpoint import latest_checkpoint
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
 

@@ -10,7 +10,7 @@ With `eval.every_steps` > 0 the weights after every k-th step are evaluated in p
 after that step, which blocks training meanwhile (the Ray executor evaluates on an actor of
 its own and does not wait); the results are "eval" lines of metrics.jsonl.
 
-With `logging.prometheus_port` set, the run's Prometheus metrics (`run.metrics`, the same
+With `logging.prometheus_port` set, the run's Prometheus metrics (`executors.metrics`, the same
 series as the Ray driver serves, verifier and Lean fleet gauges aside) are served while it
 runs.
 """
@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from compassplay.config import RunConfig
+from compassplay.executors.metrics import RunMetrics
 from compassplay.records import StepStats
-from compassplay.run.metrics import RunMetrics
-from compassplay.run.runlog import RunLog
+from compassplay.rundir.runlog import RunLog
 from compassplay.step.graph import Role, StageCall, WeightsOffer, run_stage, submit_step
 from compassplay.sync.version_gate import VersionGate
 from compassplay.workers.eval_worker import EvalReport, EvalWorker, eval_due

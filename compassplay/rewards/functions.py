@@ -24,11 +24,6 @@ DEFAULT_TOKEN_PATTERN = r"\w+|[^\w\s]"
 #: Text -> the tokens a Jaccard compares (model token ids, or `regex_tokenize`'s strings).
 Tokenize = Callable[[str], Sequence[Hashable]]
 
-#: What AZR's released code gives a valid, well-formatted proposal the solver always or never
-#: solves: its learnability is 0 there, and a proposal with zero learnability gets -0.5.
-AZR_CODE_OUTSIDE_REWARD = -0.5
-
-
 def _check_rate(solve_rate: float) -> float:
     s = float(solve_rate)
     if math.isnan(s) or not 0.0 <= s <= 1.0:
@@ -38,7 +33,8 @@ def _check_rate(solve_rate: float) -> float:
 
 def difficulty(solve_rate: float, *, outside: float = 0.0) -> float:
     """AZR learnability reward: `1 - s` if `0 < s < 1`, else `outside` (0 in AZR's paper
-    equation, `AZR_CODE_OUTSIDE_REWARD` in its released code)."""
+    equation, -0.5 in its released code:
+    `config.AZR_CODE_OUTSIDE_REWARD`)."""
     s = _check_rate(solve_rate)
     if 0.0 < s < 1.0:
         return 1.0 - s

@@ -92,7 +92,7 @@ def direction_delta(grad: list[torch.Tensor], length: float) -> list[torch.Tenso
 def learner_adamw(params: list[nn.Parameter], lr: float,
                   state: dict | None = None) -> torch.optim.AdamW:
     """The learner's AdamW over `params` (betas 0.9, 0.999, eps 1e-8, no weight decay, as
-    `engines.torch_learner.make_adamw`); with `state` (an AdamW `state_dict()` of the same
+    `engines.training.torch_learner.make_adamw`); with `state` (an AdamW `state_dict()` of the same
     parameters: a run's `learner/optimizer.pt`) it continues that state's moments, step count
     and learning rate (from a copy: `state` is left as it is)."""
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from compassplay.config import RunConfig
-from compassplay.engines.base import Segment
+from compassplay.engines.generation.base import Segment
 from compassplay.envs.interface import Environment
 from compassplay.records import Candidate
 from compassplay.rewards.batch import Example

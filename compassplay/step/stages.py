@@ -14,9 +14,14 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from compassplay.config import RewardSection, RunConfig
-from compassplay.engines.base import GenerationEngine, SamplingParams, Segment, generate_grouped
-from compassplay.engines.learner import LearnerStats
+from compassplay.config import GRADIENT_KINDS, RewardSection, RunConfig
+from compassplay.engines.generation.base import (
+    GenerationEngine,
+    SamplingParams,
+    Segment,
+    generate_grouped,
+)
+from compassplay.engines.training.learner import LearnerStats
 from compassplay.envs.interface import Environment
 from compassplay.records import (
     Attempt,
@@ -43,8 +48,6 @@ from compassplay.step.prompting import (
     target_ids,
     template_of,
 )
-
-GRADIENT_KINDS = ("cosine", "inner", "cos_novelty", "precond_cosine")
 
 
 @dataclass
@@ -260,7 +263,7 @@ def make_trajectories(env: Environment, tasks: list[Task], attempts: list[Attemp
     task in `train_ids`; None: every attempt); a generation the engine failed
     (`Generation.failed`: no tokens to train on) gives none. `normalize` (reward.normalize):
     'eligible' labels eligible proposals so their rewards are standardized among themselves
-    (`engines.advantages`). solver.train_on=buffer passes the buffer tasks' ids: the attempts
+    (`engines.training.advantages`). solver.train_on=buffer passes the buffer tasks' ids: the attempts
     that estimate s(x) are not trained on. solver.train_on=selected passes
     `select_max_solve_rate`: only the verified attempts at tasks with 0 < s <= it, each a
     supervised example (advantage +1; `selected_attempts`). 'gated_rank' takes each

@@ -11,7 +11,7 @@ where that can happen:
 
 CUDA IPC (`learner.weight_sync=ipc`) needs the opposite: the learner and every vLLM generator
 on one GPU (`ipc_roles`; the Ray executor places them in one STRICT_PACK bundle,
-`actors.placement.bundle_plan`), so their `num_gpus` must be fractions adding up to at most 1
+`plan.resources.bundle_plan`), so their `num_gpus` must be fractions adding up to at most 1
 (`check_ipc_colocation`).
 
 `check_exclusive_gpus(cfg)` refuses such configs before anything starts (`--dry-run` and the

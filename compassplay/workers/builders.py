@@ -15,11 +15,10 @@ from compassplay.config import (
     ConfigError,
     RunConfig,
     SamplingSection,
-    VerifierSection,
 )
-from compassplay.engines.base import GenerationEngine
 from compassplay.engines.factory import make_generation_engine
-from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.generation.base import GenerationEngine
+from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.envs.code import CodeEnvironment, CodeRunner
 from compassplay.envs.interface import Environment
 from compassplay.envs.lean import LeanEnvironment
@@ -27,8 +26,8 @@ from compassplay.rewards.batch import Example
 from compassplay.rewards.reference_set import load_reference
 from compassplay.rewards.subspace import last_blocks_globs
 from compassplay.step.prompting import reference_examples
-from compassplay.verifiers.lean_pool import LeanPool
-from compassplay.verifiers.python_sandbox import PythonSandbox
+from compassplay.verifiers.lean.pool import LeanPool
+from compassplay.verifiers.sandbox.pool import PythonSandbox
 
 log = logging.getLogger(__name__)
 
@@ -52,19 +51,12 @@ def role_device(cfg: RunConfig, role: str) -> torch.device:
     return torch.device("cuda" if role_gpus(cfg, role) > 0 else "cpu")
 
 
-def make_sandbox(cfg: VerifierSection) -> PythonSandbox:
-    """A started sandbox pool (the caller closes it)."""
-    return PythonSandbox(workers=cfg.workers, timeout_s=cfg.timeout_s, memory_mb=cfg.memory_mb,
-                         max_output_bytes=cfg.max_output_bytes,
-                         isolation=cfg.isolation).start()
-
-
 def make_verifier_backend(cfg: RunConfig) -> PythonSandbox | LeanPool:
     """What the verifier worker holds, by `task.domain`: a started Python sandbox pool (code)
     or a started Lean REPL pool (lean, `verifiers.lean`); the caller closes it."""
     if cfg.task.domain == "lean":
         return LeanPool.from_config(cfg.verifiers.lean).start()
-    return make_sandbox(cfg.verifiers)
+    return PythonSandbox.from_config(cfg.verifiers).start()
 
 
 def make_env(cfg: RunConfig, backend: CodeRunner | LeanPool | None) -> Environment:

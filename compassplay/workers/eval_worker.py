@@ -12,12 +12,12 @@ import logging
 from dataclasses import dataclass, field
 
 from compassplay.config import RunConfig
-from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.eval.eval_records import EvalMetric
 from compassplay.eval.evaluator import Evaluator
-from compassplay.models.bootstrap import load_policy
 from compassplay.step.graph import WeightsOffer
 from compassplay.step.timing import Timing, timed
+from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import configure_torch, role_device, role_gpus
 from compassplay.workers.versioned import Versioned, Weights
 

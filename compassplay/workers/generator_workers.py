@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from compassplay.config import RunConfig, SamplingSection
-from compassplay.engines.vllm_generation import VLLMGenerationEngine
-from compassplay.models.bootstrap import bootstrap_weights, load_policy
+from compassplay.engines.generation.vllm import VLLMGenerationEngine
 from compassplay.step import stages
 from compassplay.step.graph import StageCall, WeightsOffer
 from compassplay.step.messages import (
@@ -14,6 +13,7 @@ from compassplay.step.messages import (
     Validated,
 )
 from compassplay.step.timing import timed
+from compassplay.warmup.bootstrap import bootstrap_weights, load_policy
 from compassplay.workers.builders import (
     configure_torch,
     load_tokenizer,

@@ -10,15 +10,14 @@ from pathlib import Path
 import torch
 
 from compassplay.config import ConfigError, RunConfig
-from compassplay.engines.advantages import proposer_score_share
-from compassplay.engines.dist import RankInfo, rendezvous
 from compassplay.engines.factory import make_learner
-from compassplay.models.bootstrap import load_policy
+from compassplay.engines.training.advantages import proposer_score_share
+from compassplay.engines.training.dist import RankInfo, rendezvous
+from compassplay.plan.memory import colocated
 from compassplay.records import StepStats
 from compassplay.rewards.batch import mean_example_loss
 from compassplay.rewards.shaping import ScoreWindow, gate_levels, shape
-from compassplay.run.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from compassplay.run.memory_plan import colocated
+from compassplay.rundir.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from compassplay.step import stages
 from compassplay.step.graph import STEP, StageCall
 from compassplay.step.messages import (
@@ -33,6 +32,7 @@ from compassplay.step.prompting import novelty_tokens
 from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync.channel import NcclChannel, open_channel
+from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import (
     configure_torch,
     freeze_except,
@@ -251,7 +251,7 @@ class LearnerWorker:
 
     def release_cached_memory(self, always: bool = False) -> None:
         """Hand the blocks kept cached after the step (activations, gathered parameters) back
-        to the driver, when the learner shares its GPU with engines (`run.memory_plan.
+        to the driver, when the learner shares its GPU with engines (`plan.memory.
         colocated`; `always`: whenever the learner is on a GPU): DeepSpeed's ZeRO-3
         partition cache first (`engine.empty_partition_cache()`, the gathered parameters
         torch's allocator alone cannot free), then torch's cache. Order: this runs at the end

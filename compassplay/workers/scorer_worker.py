@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from compassplay.config import ConfigError, RunConfig
-from compassplay.models.bootstrap import load_policy
+from compassplay.config import GRADIENT_KINDS, ConfigError, RunConfig
 from compassplay.records import Candidate
 from compassplay.rewards.gradient import GradientScorer, Partials
 from compassplay.rewards.local_reference import group_references, local_partials
@@ -19,6 +18,7 @@ from compassplay.step.messages import AttemptBatch, Candidates, GradeBatch, Scor
 from compassplay.step.prompting import candidate_examples
 from compassplay.step.scoring import candidate_solutions
 from compassplay.step.timing import Timing, timed
+from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import (
     configure_torch,
     make_env,
@@ -109,7 +109,7 @@ class ScorerWorker(Versioned):
         index = list(range(len(cands)))
         if self.cfg.scorer.shard_mode == "replica":
             index = index[self.shard::self.num_shards]
-        if not index or kind not in stages.GRADIENT_KINDS:
+        if not index or kind not in GRADIENT_KINDS:
             return ScoredShard(cands, [], [], [], 0.0, Timing())
         if self.local:
             return self._local(cands, index)

@@ -1,6 +1,6 @@
 """The verifier worker: validates proposals and grades attempts on a sandbox pool (coding) or a
 Lean REPL pool (lean; on the Ray executor by default the run's Lean fleet, passed in as
-`backend`: see compassplay/actors/lean_router.py)."""
+`backend`: see compassplay/actors/lean/fleet_actor.py)."""
 
 from __future__ import annotations
 

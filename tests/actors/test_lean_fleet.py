@@ -28,8 +28,8 @@ def ray_lean(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_lean_verifier_actor_checks_and_reports(ray_lean) -> None:
-    from compassplay.actors.lean_verifier import LeanVerifier, lean_actor_options
-    from compassplay.verifiers.lean_pool import LeanCheck
+    from compassplay.actors.lean.verifier import LeanVerifier, lean_actor_options
+    from compassplay.verifiers.lean.pool import LeanCheck
 
     opts = lean_actor_options(0, {"lean_repl": 1}, processes=2)
     actor = LeanVerifier.options(**opts).remote(command=FAKE, processes=2, timeout_s=1.0)
@@ -45,11 +45,11 @@ def test_lean_verifier_actor_checks_and_reports(ray_lean) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fleet_adds_actors_under_load_and_removes_them_when_idle(ray_lean) -> None:
-    from compassplay.actors.lean_fleet import LeanVerifierFleet
-    from compassplay.verifiers.lean_scaling import LeanScaler
+    from compassplay.actors.lean.fleet import LeanFleet
+    from compassplay.verifiers.lean.scaling import LeanScaler
 
     scaler = LeanScaler(min_actors=0, max_actors=4, checks_per_actor=2, idle_grace_s=1.0)
-    fleet = LeanVerifierFleet({"command": FAKE, "processes": 2, "timeout_s": 10.0}, scaler,
+    fleet = LeanFleet({"command": FAKE, "processes": 2, "timeout_s": 10.0}, scaler,
                               num_cpus=0, resources={"lean_repl": 1})
     try:
         assert fleet.poll() == 0
@@ -92,7 +92,7 @@ def _lean_section(**over):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fleet_actor_spreads_batches_and_shrinks_when_idle(ray_lean) -> None:
-    from compassplay.actors.lean_router import FleetLeanPool, LeanFleetActor
+    from compassplay.actors.lean.fleet_actor import FleetLeanPool, LeanFleetActor
 
     fleet = LeanFleetActor.remote(_lean_section())
     pool = FleetLeanPool(fleet, _lean_section())
@@ -119,7 +119,7 @@ def test_fleet_actor_spreads_batches_and_shrinks_when_idle(ray_lean) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fleet_without_the_resource_fails_or_falls_back(ray_lean) -> None:
-    from compassplay.actors.lean_router import FleetLeanPool, LeanFleetActor
+    from compassplay.actors.lean.fleet_actor import FleetLeanPool, LeanFleetActor
     from compassplay.errors import ResourceWaitError
 
     missing = {"actor": {"num_cpus": 0, "resources": {"lean_nowhere": 1}}, "resource_wait_s": 1}
@@ -144,7 +144,7 @@ def test_fleet_without_the_resource_fails_or_falls_back(ray_lean) -> None:
 @pytest.mark.ray
 @pytest.mark.slow
 def test_fleet_stops_when_a_lean_verifier_cannot_start(ray_lean) -> None:
-    from compassplay.actors.lean_router import FleetLeanPool, LeanFleetActor
+    from compassplay.actors.lean.fleet_actor import FleetLeanPool, LeanFleetActor
     from compassplay.errors import FatalStageError
 
     bad = {"command": ["/nonexistent/lake", "env", "repl"]}

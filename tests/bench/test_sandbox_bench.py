@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from compassplay.bench import sandbox as bench
-from compassplay.verifiers.isolation import UNSAFE_OPT_OUT
-from compassplay.verifiers.python_sandbox import PythonSandbox
+from compassplay.verifiers.sandbox.isolation import UNSAFE_OPT_OUT
+from compassplay.verifiers.sandbox.pool import PythonSandbox
 
 
 def test_tree_cpu_counts_this_process() -> None:

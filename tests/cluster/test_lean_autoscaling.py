@@ -17,10 +17,10 @@ import ray
 
 from compassplay.bench.cluster import FAST_HEALTH_CHECKS, compare_runs
 from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_by_type, wait_for
+from compassplay.commands.plot import plot_lean_fleet, read_lean_timeline
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray_driver import run_pipeline
-from compassplay.run.plot import plot_lean_fleet, read_lean_timeline
+from compassplay.executors.ray.driver import run_pipeline
 from tests.executors import lean_script
 from tests.executors.ray.test_pipeline import metric_rows
 

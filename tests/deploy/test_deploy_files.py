@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from compassplay.config import LeanSection, RunConfig, load_config
-from compassplay.run.metrics import RunMetrics
+from compassplay.executors.metrics import RunMetrics
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -332,7 +332,7 @@ def test_grafana_dashboard_uses_only_real_metrics():
     by_family = _exposed_names()
     exposed = set().union(*by_family.values())
     assert used, "the dashboard queries no compassplay_* metric"
-    assert used <= exposed, f"not exported by compassplay.run.metrics: {sorted(used - exposed)}"
+    assert used <= exposed, f"not exported by compassplay.executors.metrics: {sorted(used - exposed)}"
     # Every metric of the registry has a panel.
     missing = sorted(f for f, names in by_family.items() if not names & used)
     assert not missing, f"metrics without a panel: {missing}"

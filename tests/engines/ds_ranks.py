@@ -42,9 +42,9 @@ def _rank_main(rank: int, world: int, port: int, plan: dict[str, Any], out: str)
 def _rank_work(rank: int, world: int, port: int, plan: dict[str, Any], out: str) -> None:
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     torch.set_num_threads(1)
-    from compassplay.engines import deepspeed_learner
-    from compassplay.engines.dist import RankInfo, leave_group
     from compassplay.engines.factory import make_learner
+    from compassplay.engines.training import deepspeed as deepspeed_learner
+    from compassplay.engines.training.dist import RankInfo, leave_group
     from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
     base = deepspeed_learner.ds_config
@@ -82,7 +82,7 @@ def _rank_work(rank: int, world: int, port: int, plan: dict[str, Any], out: str)
 
 def run_group(world: int, plan: dict[str, Any], out: Path) -> dict[int, dict[str, Any]]:
     """Run `plan` on `world` ranks; returns {stage: rank 0's record}."""
-    from compassplay.engines.dist import free_port
+    from compassplay.engines.training.dist import free_port
 
     out.mkdir(parents=True, exist_ok=True)
     try:

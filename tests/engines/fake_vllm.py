@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from compassplay.engines.vllm_worker import WeightSyncWorkerExtension
+from compassplay.engines.generation.vllm_worker import WeightSyncWorkerExtension
 from compassplay.sync.channel import StoreBroadcaster
 
 MSGPACK_TYPES = (str, int, float, bool, bytes, type(None), torch.Tensor)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from compassplay.engines.advantages import (
+from compassplay.engines.training.advantages import (
     broadcast_to_tokens,
     group_normalized,
     trajectory_advantages,

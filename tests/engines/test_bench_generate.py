@@ -36,7 +36,7 @@ def test_bench_generate_vllm_unavailable(capsys, monkeypatch):
 
 def test_bench_generate_both_engines_same_prompts_side_by_side(monkeypatch):
     """The wiring of `--engine both` (the real vLLM engine's numbers: docs/measurements)."""
-    from compassplay.engines.vllm_generation import VLLMGenerationEngine
+    from compassplay.engines.generation.vllm import VLLMGenerationEngine
     from tests.engines.fake_vllm import FakeLLM, fake_sampling_params
 
     real, seen = generate._engine, {}

@@ -5,7 +5,7 @@ import torch
 
 from compassplay.config import LearnerSection
 from compassplay.engines import make_learner
-from compassplay.engines.logprobs import head_on_hidden
+from compassplay.engines.training.logprobs import head_on_hidden
 from tests.engines.helpers import assert_reset_replays_first_step
 from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from compassplay.engines.deepspeed_learner import (
+from compassplay.engines.training.deepspeed import (
     ZERO3_CHECKPOINTING_FROZEN,
     _release,
     check_deepspeed_version,

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 
-from compassplay.engines.deepspeed_learner import DeepSpeedSlot  # noqa: E402
+from compassplay.engines.training.deepspeed import DeepSpeedSlot  # noqa: E402
 
 
 class Engine:

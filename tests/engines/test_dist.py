@@ -1,4 +1,4 @@
-"""The learner group's process-group lifecycle (engines/dist.py), in real subprocesses."""
+"""The learner group's process-group lifecycle (engines/training/dist.py), in real subprocesses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from compassplay.engines.dist import RankInfo
+from compassplay.engines.training.dist import RankInfo
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
@@ -21,7 +21,7 @@ def test_a_gloo_group_is_destroyed_before_the_interpreter_exits():
     # runs after the group's own exit handler, and must find the group gone.
     done = _run("""
         import atexit, torch
-        from compassplay.engines.dist import RankInfo, init_group
+        from compassplay.engines.training.dist import RankInfo, init_group
         atexit.register(lambda: print("initialized at exit:", torch.distributed.is_initialized()))
         init_group(RankInfo())
         t = torch.ones(4)
@@ -35,7 +35,7 @@ def test_a_gloo_group_is_destroyed_before_the_interpreter_exits():
 
 def test_leave_group_without_a_group_is_a_no_op():
     done = _run("""
-        from compassplay.engines.dist import leave_group
+        from compassplay.engines.training.dist import leave_group
         leave_group(); leave_group(wait_for_peers=False); print("ok")
     """)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import torch
 
-from compassplay.engines.base import SamplingParams
-from compassplay.engines.hf_generation import HFGenerationEngine, sample_next
-from compassplay.engines.logprobs import pack, token_logprobs
+from compassplay.engines.generation.base import SamplingParams
+from compassplay.engines.generation.hf import HFGenerationEngine, sample_next
+from compassplay.engines.training.logprobs import pack, token_logprobs
 
 
 def test_logprobs_match_teacher_forced_forward(model, tokenizer):
@@ -69,7 +69,7 @@ def test_top_p_keeps_nucleus():
 
 
 def test_draw_follows_the_probabilities_and_never_a_zero():
-    from compassplay.engines.hf_generation import draw
+    from compassplay.engines.generation.hf import draw
 
     probs = torch.tensor([[0.5, 0.3, 0.0, 0.2]]).repeat(20000, 1)
     got = draw(probs, torch.Generator().manual_seed(0))
@@ -81,7 +81,7 @@ def test_draw_follows_the_probabilities_and_never_a_zero():
 
 
 def test_top_p_among_candidates_is_the_full_sort_nucleus(monkeypatch):
-    from compassplay.engines import hf_generation
+    from compassplay.engines.generation import hf as hf_generation
 
     logits = torch.randn(8, 3000, generator=torch.Generator().manual_seed(1)) * 3
     def nucleus(k):

@@ -7,10 +7,10 @@ import torch
 
 from compassplay.config import LearnerSection
 from compassplay.engines import SamplingParams, make_learner
-from compassplay.engines.advantages import trajectory_advantages
-from compassplay.engines.hf_generation import HFGenerationEngine
-from compassplay.engines.learner import lr_lambda
-from compassplay.engines.logprobs import pack, token_logprobs
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.training.advantages import trajectory_advantages
+from compassplay.engines.training.learner import lr_lambda
+from compassplay.engines.training.logprobs import pack, token_logprobs
 from compassplay.records import Trajectory
 from tests.engines.adam_steps import assert_same_adam_step
 from tests.engines.helpers import assert_reset_replays_first_step
@@ -135,8 +135,8 @@ def test_zero_advantage_trajectories_skipped_give_the_plain_update(learner_cfg):
     """A group whose rewards are all equal has zero advantages; the learner leaves it out of
     its passes. The update must equal the plain one: autograd of the token-mean PPO loss over
     every trajectory (normalizer = all completion tokens), then the same AdamW step."""
-    from compassplay.engines.policy_loss import ppo_loss
-    from compassplay.engines.torch_learner import make_adamw
+    from compassplay.engines.training.policy_loss import ppo_loss
+    from compassplay.engines.training.torch_learner import make_adamw
 
     model = tiny_causal_lm(seed=3)
     trajs = on_policy_batch(model, n=6, seed=5)
@@ -205,7 +205,7 @@ def test_entropy_and_response_length_are_measured(model, learner_cfg):
 
 
 def test_entropy_in_chunks_equals_the_whole():
-    from compassplay.engines.logprobs import entropy_of
+    from compassplay.engines.training.logprobs import entropy_of
 
     logp = torch.log_softmax(torch.randn(3, 7, 11, generator=torch.Generator().manual_seed(0)),
                              -1)
@@ -213,7 +213,7 @@ def test_entropy_in_chunks_equals_the_whole():
 
 
 def test_mini_batches_partition_the_batch_the_same_way_on_every_rank():
-    from compassplay.engines.learner import mini_batches
+    from compassplay.engines.training.learner import mini_batches
 
     assert mini_batches(5, 0, seed=3) == [[0, 1, 2, 3, 4]]  # 0: one optimizer step
     assert mini_batches(5, 8, seed=3) == [[0, 1, 2, 3, 4]]
@@ -244,7 +244,7 @@ def test_supervised_examples_give_the_sft_update(learner_cfg):
     """Trajectories with a fixed advantage of +1 (solver.train_on=selected, SGS's weighted SFT
     with weight 1), on policy: the update equals autograd of the token-mean negative
     log-likelihood followed by the same clipped AdamW step."""
-    from compassplay.engines.torch_learner import make_adamw
+    from compassplay.engines.training.torch_learner import make_adamw
 
     model = tiny_causal_lm(seed=4)
     batch = [t.model_copy(update={"advantage": 1.0}) for t in on_policy_batch(model, n=4, seed=2)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compassplay.engines.logprobs import head_on_hidden, pack, token_logprobs_entropy
+from compassplay.engines.training.logprobs import head_on_hidden, pack, token_logprobs_entropy
 from compassplay.records import Generation
 from tests.tiny_models import tiny_causal_lm
 

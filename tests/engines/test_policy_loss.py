@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from compassplay.engines.policy_loss import k3_kl, ppo_loss
+from compassplay.engines.training.policy_loss import k3_kl, ppo_loss
 
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
 ADV = torch.tensor([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]])

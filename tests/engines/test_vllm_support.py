@@ -8,7 +8,7 @@ import json
 import pytest
 
 from compassplay.config import ConfigError
-from compassplay.engines.vllm_support import CPU_BATCHED_TOKENS, cpu_scheduler_kwargs
+from compassplay.engines.generation.vllm_support import CPU_BATCHED_TOKENS, cpu_scheduler_kwargs
 
 
 def test_budget_covers_the_context_from_the_config_or_the_models_file(tmp_path):

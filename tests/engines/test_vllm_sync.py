@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from compassplay.config import load_config
-from compassplay.engines.base import SamplingParams, StaleWeightsError
-from compassplay.engines.dist import free_port
-from compassplay.engines.vllm_generation import VLLMGenerationEngine
+from compassplay.engines.generation.base import SamplingParams, StaleWeightsError
+from compassplay.engines.generation.vllm import VLLMGenerationEngine
+from compassplay.engines.training.dist import free_port
 from compassplay.sync.buckets import NCCLBroadcastSync
 from compassplay.sync.channel import NcclChannel
 from compassplay.sync.ipc import publish
@@ -285,7 +285,7 @@ def test_ipc_config_checks():
                            "solver.enable_sleep_mode=true", "solver.tensor_parallel_size=2"])
     with pytest.raises(ConfigError, match="tensor_parallel_size.*vllm options"):
         load_config(None, ["proposer.tensor_parallel_size=2"])
-    # a vLLM role loads the bootstrap in place (tests/models/test_bootstrap.py)
+    # a vLLM role loads the bootstrap in place (tests/warmup/test_bootstrap.py)
     assert load_config(None, ["solver.engine=vllm", "bootstrap.enabled=true"]).bootstrap.enabled
     with pytest.raises(ConfigError, match="weight_sync=ipc: needs learner.num_ranks=1"):
         load_config(None, ["learner.weight_sync=ipc", "solver.engine=vllm",
@@ -336,8 +336,8 @@ def test_templated_requests_carry_the_regex_and_the_model_logprobs_of_a_rescorin
     the re-scoring's (the prompt log-probs of prompt + reply), not the masked ones."""
     import re
 
-    from compassplay.engines.base import Segment
-    from compassplay.engines.template_regex import template_regex
+    from compassplay.engines.generation.base import Segment
+    from compassplay.engines.generation.template_regex import template_regex
     from tests.engines.fake_vllm import fake_structured_outputs
 
     tpl = (Segment("```", "\n```input\n", 8, ends=("\n\n",)), Segment("```", "", 4, ("\n",)))
@@ -367,7 +367,7 @@ def test_templated_requests_carry_the_regex_and_the_model_logprobs_of_a_rescorin
 
 def test_a_template_without_structured_outputs_is_a_config_error():
     from compassplay.config import ConfigError
-    from compassplay.engines.base import Segment
+    from compassplay.engines.generation.base import Segment
 
     eng = _engine(FakeLLM(_state(0.0)), role="proposer")
     with pytest.raises(ConfigError, match=r"proposer\.template=true with engine vllm"):
@@ -379,7 +379,7 @@ def test_structured_outputs_need_the_params_class_and_a_grammar_backend(monkeypa
     import sys
     from types import ModuleType
 
-    from compassplay.engines.vllm_generation import structured_outputs_of
+    from compassplay.engines.generation.vllm import structured_outputs_of
 
     fake = ModuleType("vllm")
     monkeypatch.setitem(sys.modules, "vllm", fake)

@@ -1,4 +1,4 @@
-"""The vLLM worker extension's reload and communicator lifecycle (engines/vllm_worker.py) on
+"""The vLLM worker extension's reload and communicator lifecycle (engines/generation/vllm_worker.py) on
 the fake worker: an unfinished reload is abandoned before any new update starts, and a
 re-formed group destroys the communicator of the old one; a stuck receive is aborted."""
 
@@ -126,7 +126,7 @@ def test_a_receive_stuck_in_nccl_is_aborted_after_the_timeout():
 
 
 def test_an_engine_tells_when_a_level_2_sleep_dropped_its_weights():
-    from compassplay.engines.vllm_generation import VLLMGenerationEngine
+    from compassplay.engines.generation.vllm import VLLMGenerationEngine
     from tests.engines.fake_vllm import fake_sampling_params
 
     llm = FakeLLM(_state(0.0))

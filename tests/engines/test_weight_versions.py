@@ -9,8 +9,8 @@ import pytest
 
 from compassplay.config import LearnerSection
 from compassplay.engines import SamplingParams, StaleWeightsError, make_learner
-from compassplay.engines.dist import free_port
-from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.training.dist import free_port
 from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
 P = SamplingParams(max_new_tokens=4, seed=0)

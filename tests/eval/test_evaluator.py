@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from compassplay.engines.base import GenerationEngine, SamplingParams
+from compassplay.engines.generation.base import GenerationEngine, SamplingParams
 from compassplay.eval import eval_prompts
 from compassplay.eval.benchmarks import BENCHMARKS
 from compassplay.eval.eval_records import EvalMetric

@@ -7,7 +7,7 @@ import torch
 from compassplay.config import ModelSection, RunConfig, dump_config
 from compassplay.eval.model_spec import load_eval_model, weights_dir
 from compassplay.models.loading import load_model
-from compassplay.run.checkpoint import save_checkpoint
+from compassplay.rundir.checkpoint import save_checkpoint
 
 
 class _Learner:

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from compassplay.cli import main
+from compassplay.commands.plot import plot_run
 from compassplay.eval.report_data import arm_name, load_run
-from compassplay.run.plot import plot_run
 from tests.eval.runs import make_run
 
 

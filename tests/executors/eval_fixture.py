@@ -8,7 +8,7 @@ from pathlib import Path
 
 from compassplay.eval.report import build_report
 from compassplay.eval.report_data import load_run
-from compassplay.run.runlog import read_metrics
+from compassplay.rundir.runlog import read_metrics
 from tests.eval.conftest import CRUX
 
 ROLES = {"proposer", "solver", "verifier", "scorer", "learner"}

@@ -26,7 +26,7 @@ def solve(prompt: str, i: int) -> str:
 
 
 def install() -> None:
-    from compassplay.engines.hf_generation import HFGenerationEngine
+    from compassplay.engines.generation.hf import HFGenerationEngine
 
     if "_unscripted" in HFGenerationEngine.__dict__:
         return
@@ -56,7 +56,7 @@ def install() -> None:
 
 
 def uninstall() -> None:
-    from compassplay.engines.hf_generation import HFGenerationEngine
+    from compassplay.engines.generation.hf import HFGenerationEngine
 
     real = HFGenerationEngine.__dict__.get("_unscripted")
     if real is not None:

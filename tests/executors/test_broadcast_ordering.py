@@ -18,8 +18,8 @@ import torch
 ray = pytest.importorskip("ray")
 
 from compassplay.config import load_config  # noqa: E402
-from compassplay.engines.dist import free_port  # noqa: E402
-from compassplay.executors import ray_driver  # noqa: E402
+from compassplay.engines.training.dist import free_port  # noqa: E402
+from compassplay.executors.ray import driver as ray_driver  # noqa: E402
 from compassplay.sync.channel import NcclChannel  # noqa: E402
 
 BUCKET = 1 << 20  # bytes: each 4 MiB tensor is a bucket of its own, three per broadcast

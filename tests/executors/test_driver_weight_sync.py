@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("ray")
 
 from compassplay.config import load_config  # noqa: E402
-from compassplay.executors import ray_driver  # noqa: E402
+from compassplay.executors.ray import driver as ray_driver  # noqa: E402
 
 
 class _Method:

@@ -3,10 +3,10 @@ the step, blocking), on the micro config with a 3-item CRUXEval-O fixture."""
 
 from pathlib import Path
 
-from compassplay.actors.placement import requests
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.run.runlog import read_metrics
+from compassplay.plan.resources import requests
+from compassplay.rundir.runlog import read_metrics
 from tests.executors.eval_fixture import check_run, write_cruxeval
 
 MICRO = Path(__file__).resolve().parents[2] / "compassplay" / "configs" / "micro.yaml"

@@ -2,6 +2,7 @@ import math
 
 import pytest
 
+from compassplay.config import AZR_CODE_OUTSIDE_REWARD
 from compassplay.rewards import functions as F
 
 
@@ -9,7 +10,7 @@ def test_difficulty_values_inside_and_outside_the_band():
     assert F.difficulty(0.25) == pytest.approx(0.75)
     assert F.difficulty(0.5) == pytest.approx(0.5)
     assert F.difficulty(0.0) == 0.0 and F.difficulty(1.0) == 0.0  # AZR's paper equation
-    code = F.AZR_CODE_OUTSIDE_REWARD
+    code = AZR_CODE_OUTSIDE_REWARD
     assert code == -0.5
     assert F.difficulty(0.0, outside=code) == -0.5  # AZR's released code
     assert F.difficulty(1.0, outside=code) == -0.5

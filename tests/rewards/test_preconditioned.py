@@ -209,8 +209,8 @@ def test_metric_errors(gen):
 
 
 def test_precond_cosine_reward_is_the_given_cosine():
+    from compassplay.config import GRADIENT_KINDS
     from compassplay.rewards.functions import REWARD_KINDS, proposer_reward
-    from compassplay.step.stages import GRADIENT_KINDS
 
     assert "precond_cosine" in REWARD_KINDS and "precond_cosine" in GRADIENT_KINDS
     assert proposer_reward("precond_cosine", solve_rate=0.5, cosine=0.3) == 0.3

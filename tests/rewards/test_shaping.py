@@ -9,7 +9,7 @@ import random
 import pytest
 
 from compassplay.config import RewardSection, load_config
-from compassplay.engines.advantages import (
+from compassplay.engines.training.advantages import (
     proposer_score_share,
     trajectory_advantages,
 )

@@ -4,8 +4,8 @@ with the reason, is not trained on, and the step records each role's weight vers
 from __future__ import annotations
 
 from compassplay.config import load_config
-from compassplay.engines.base import GenerationEngine, SamplingParams
-from compassplay.engines.learner import LearnerStats
+from compassplay.engines.generation.base import GenerationEngine, SamplingParams
+from compassplay.engines.training.learner import LearnerStats
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.records import Generation
 from compassplay.step import stages

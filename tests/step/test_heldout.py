@@ -63,7 +63,7 @@ def test_seed_items_are_the_held_out_seeds_as_deduction(tok):
 def test_bootstrap_examples_leave_the_held_out_seeds_out(tok):
     import random
 
-    from compassplay.models.bootstrap import examples
+    from compassplay.warmup.bootstrap import examples
 
     cfg = load_config(None, ["reward.kind=soar", "reward.soar_heldout_items=4"])
     held = make_heldout(cfg, make_env(cfg, None), tok)

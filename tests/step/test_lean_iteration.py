@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from compassplay.config import ConfigError, load_config
-from compassplay.engines.base import GenerationEngine, SamplingParams
-from compassplay.engines.learner import LearnerStats
+from compassplay.engines.generation.base import GenerationEngine, SamplingParams
+from compassplay.engines.training.learner import LearnerStats
 from compassplay.envs.lean.chunked import check_in_chunks
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.records import Attempt, Generation, Verdict
 from compassplay.step import stages
-from compassplay.verifiers.lean_messages import LeanVerdict
-from compassplay.verifiers.lean_pool import LeanCheck
+from compassplay.verifiers.lean.messages import LeanVerdict
+from compassplay.verifiers.lean.pool import LeanCheck
 from compassplay.workers.builders import make_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from compassplay.config import RewardSection, load_config
-from compassplay.engines.learner import LearnerStats
+from compassplay.config import GRADIENT_KINDS, RewardSection, load_config
+from compassplay.engines.training.learner import LearnerStats
 from compassplay.envs.lean import LeanEnvironment
 from compassplay.models import load_model
 from compassplay.records import Task
@@ -22,7 +22,7 @@ from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
 from compassplay.step.prompting import candidate_examples
 from compassplay.step.scoring import merge_shards
 from compassplay.step.timing import Timing
-from compassplay.verifiers.lean_pool import LeanPool
+from compassplay.verifiers.lean.pool import LeanPool
 from compassplay.workers.scorer_worker import ScorerWorker
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ def test_rewards_with_local_references(setup, kind):
     scores = {s.task_id: s for s in stages.assign_rewards(
         RewardSection(kind=kind, reference="local"), tasks + [bad], rates, cands, alignment)}
     assert scores["p"].reward == -1.0 and not scores["c4"].eligible
-    gradient = kind in stages.GRADIENT_KINDS
+    gradient = kind in GRADIENT_KINDS
     assert [c.task_id for c in cands] == (["c0", "c1", "c2"] if gradient
                                           else ["c0", "c1", "c2", "c3"])
     for c in cands:

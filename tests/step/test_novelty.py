@@ -11,7 +11,7 @@ from functools import partial
 import pytest
 
 from compassplay.config import TaskSection, load_config
-from compassplay.engines.learner import LearnerStats
+from compassplay.engines.training.learner import LearnerStats
 from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code.copies import COPY_JACCARD
 from compassplay.models import load_model

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from compassplay.config import RewardSection, RunConfig, load_config
-from compassplay.engines.advantages import trajectory_advantages
+from compassplay.engines.training.advantages import trajectory_advantages
 from compassplay.envs.code import CodeEnvironment
 from compassplay.models import load_model
 from compassplay.records import Attempt, Generation, Task
@@ -19,7 +19,7 @@ from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
 from compassplay.step.prompting import candidate_examples, reference_examples
 from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing
-from compassplay.verifiers.python_sandbox import PythonSandbox
+from compassplay.verifiers.sandbox.pool import PythonSandbox
 from compassplay.workers.builders import make_env
 from compassplay.workers.scorer_worker import ScorerWorker
 

@@ -10,8 +10,8 @@ import torch
 import torch.multiprocessing as mp
 
 from compassplay.config import ConfigError, load_config
-from compassplay.engines.base import StaleWeightsError
-from compassplay.engines.dist import free_port
+from compassplay.engines.generation.base import StaleWeightsError
+from compassplay.engines.training.dist import free_port
 from compassplay.sync.channel import NcclChannel, check_weight_sync
 from compassplay.workers.versioned import Versioned
 

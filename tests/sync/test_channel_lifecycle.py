@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from compassplay.config import load_config
-from compassplay.engines.dist import free_port
+from compassplay.engines.training.dist import free_port
 from compassplay.sync import channel
 from compassplay.sync.channel import StoreBroadcaster
 from compassplay.sync.gpu_members import check_distinct_devices, gather_device_ids

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("vllm.distributed.utils")
 
-from compassplay.engines.dist import free_port  # noqa: E402
+from compassplay.engines.training.dist import free_port  # noqa: E402
 from compassplay.sync import pynccl  # noqa: E402
 from compassplay.sync.pynccl import SYNC_TIMEOUT_S, vllm_store_group  # noqa: E402
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from compassplay.verifiers.python_sandbox import PythonSandbox
+from compassplay.verifiers.sandbox.pool import PythonSandbox
 from tests.verifiers.sandbox_helpers import HOST_SECRET, MODES, require_isolation
 
 

@@ -7,7 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from compassplay.verifiers.isolation import ROOT, ROOTLESS, SandboxUnavailableError, preflight
+from compassplay.verifiers.sandbox.isolation import (
+    ROOT,
+    ROOTLESS,
+    SandboxUnavailableError,
+    preflight,
+)
 
 HOST_SECRET = "COMPASSPLAY_TEST_HOST_SECRET"
 MODES = {"root": ROOT, "rootless": ROOTLESS}

@@ -21,7 +21,7 @@ import random
 from collections import Counter
 
 from compassplay.config import ConfigError, TaskSection
-from compassplay.engines.base import Segment
+from compassplay.engines.generation.base import Segment
 from compassplay.envs.code import code_prompts as prompts
 from compassplay.envs.code.code_buffer import Strategy, TaskBuffer
 from compassplay.envs.code.copies import copy_and_rename_rates

@@ -1,6 +1,6 @@
 """The execution interface the coding tasks need: anything with `run_many` works.
 
-`compassplay.verifiers.python_sandbox.PythonSandbox` is the production runner; tests may use a
+`compassplay.verifiers.sandbox.pool.PythonSandbox` is the production runner; tests may use a
 plain subprocess runner with the same shape.
 """
 

@@ -3,7 +3,7 @@
 An SGS iteration sends every unsolved target's attempts at once (3323 targets x 8 attempts at
 paper scale): `check_in_chunks` splits them into `task.lean.check_chunk` checks per
 `check_many` call, so progress shows while they run, and a fleet that resubmits after losing an
-actor (`actors.lean_router`) redoes one chunk, not the iteration.
+actor (`actors.lean.fleet_actor`) redoes one chunk, not the iteration.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from compassplay.verifiers.lean_messages import LeanVerdict
-from compassplay.verifiers.lean_pool import LeanCheck
+from compassplay.verifiers.lean.messages import LeanVerdict
+from compassplay.verifiers.lean.pool import LeanCheck
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Batches of 16 proposals of the paper Lean config's classes (15% unparsed, 15% ill-posed, 30%
 ineligible, 20% copies, 20% eligible with cos x novelty in [-0.05, 0.15] x U(0, 1)), seeded;
-the learner's arithmetic (rewards/shaping.py, engines/advantages.py). Prints JSON.
+the learner's arithmetic (rewards/shaping.py, engines/training/advantages.py). Prints JSON.
     python docs/measurements/advantage-2026-12-03/lean_copy_advantage.py
 """
 import json
@@ -10,7 +10,7 @@ import random
 import statistics
 
 from compassplay.config import load_config
-from compassplay.engines.advantages import trajectory_advantages
+from compassplay.engines.training.advantages import trajectory_advantages
 from compassplay.records import Generation, Score, Trajectory
 from compassplay.rewards.shaping import ScoreWindow, gate_levels, shape
 

@@ -13,8 +13,8 @@ import torch
 from torch.profiler import profile
 
 from compassplay.config import ModelSection
-from compassplay.engines.base import SamplingParams
-from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.generation.base import SamplingParams
+from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.models import load_model
 
 GROUPS = [("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "mkl::_mkl_linear")),

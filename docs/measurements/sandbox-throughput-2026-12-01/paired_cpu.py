@@ -20,7 +20,7 @@ import sys
 
 def one(mode: str, runs: int) -> None:
     from compassplay.bench.sandbox import _pool_rate, _programs
-    from compassplay.verifiers.python_sandbox import PythonSandbox
+    from compassplay.verifiers.sandbox.pool import PythonSandbox
 
     with PythonSandbox(isolation=mode, workers=4) as sb:
         sb.run_many(_programs(32))

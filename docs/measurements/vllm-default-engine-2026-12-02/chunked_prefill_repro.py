@@ -1,7 +1,7 @@
 """Does a seeded batch whose prefill is split across steps kill vLLM's CPU engine?"""
 import sys, time
 from compassplay.engines import SamplingParams
-from compassplay.engines import vllm_generation as vg
+from compassplay.engines.generation import vllm as vg
 from compassplay.models.loading import prepare_smollm2, model_cache_dir
 from compassplay.config import ModelSection
 

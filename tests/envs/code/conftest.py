@@ -63,7 +63,7 @@ class SubprocessRunner:
 def make_runner(timeout_s: float):
     """The real sandbox, or the subprocess runner when the sandbox is unavailable."""
     try:
-        from compassplay.verifiers.python_sandbox import PythonSandbox, SandboxUnavailableError
+        from compassplay.verifiers.sandbox.pool import PythonSandbox, SandboxUnavailableError
     except ImportError as e:  # sandbox module not there
         FALLBACK_NOTE.append(f"python_sandbox not importable ({e}); using subprocess runner")
         return SubprocessRunner(timeout_s), None

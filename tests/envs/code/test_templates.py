@@ -4,7 +4,7 @@ seed set, and the propose/solve stages with templates on a tiny random model."""
 import pytest
 
 from compassplay.config import ConfigError, TaskSection, load_config
-from compassplay.engines.hf_generation import HFGenerationEngine
+from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code.seeds import load_seeds
 from compassplay.models import load_model

@@ -4,9 +4,9 @@ them (ray.nodes() replaced by a list the test changes; the real cluster: tests/c
 import json
 
 from compassplay.actors.whereabouts import node_kind
-from compassplay.executors import ray_monitors
-from compassplay.executors.ray_monitors import NodeWatch
-from compassplay.run.metrics import RunMetrics
+from compassplay.executors.metrics import RunMetrics
+from compassplay.executors.ray import monitors as ray_monitors
+from compassplay.executors.ray.monitors import NodeWatch
 
 
 def _sample(metrics: RunMetrics, name: str, node_type: str) -> float | None:

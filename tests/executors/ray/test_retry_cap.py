@@ -9,7 +9,7 @@ from compassplay.actors.placement import ActorSet
 from compassplay.bench.pipeline import StandIn, _Sleeper
 from compassplay.config import load_config
 from compassplay.errors import RunError
-from compassplay.executors.ray_driver import Pipeline
+from compassplay.executors.ray.driver import Pipeline
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

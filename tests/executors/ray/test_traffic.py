@@ -1,10 +1,10 @@
-"""A step's payload traffic as Ray's object directory reports it (`executors.ray_traffic`):
+"""A step's payload traffic as Ray's object directory reports it (`executors.ray.traffic`):
 small returns are inline in the driver, large ones sit in the producer's object store."""
 
 import pytest
 import ray
 
-from compassplay.executors.ray_traffic import step_traffic
+from compassplay.executors.ray.traffic import step_traffic
 
 pytestmark = pytest.mark.ray
 

@@ -1,0 +1,1 @@
+"""What the CLI runs: `compassplay run` (launch, dry run), experiments, summaries and plots."""

@@ -1,0 +1,1 @@
+"""Generation engines (HF, vLLM) behind `base.GenerationEngine`, with templated decoding."""

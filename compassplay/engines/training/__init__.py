@@ -1,0 +1,1 @@
+"""The learner: interface, torch and DeepSpeed backends, advantages, log-probs, PPO loss."""

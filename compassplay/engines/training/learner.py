@@ -1,0 +1,354 @@
+"""The learner interface and the backend-independent policy-gradient step.
+
+One `step(trajectories)` = task-relative REINFORCE++ advantages (`advantages.py`), teacher-
+forced log-probs at temperature 1 (`logprobs.py`), the clipped PPO token-mean loss
+(`policy_loss.py`) accumulated over micro-batches of `micro_batch` trajectories, then one
+optimizer step per model (gradient clipping + LR schedule) per mini-batch of
+`mini_batch_size` trajectories (`mini_batches`: AZR takes several per batch; 0 = one), and
+`weight_version += 1` per batch. Advantages come from the whole batch; each mini-batch's loss
+is its own token mean.
+
+Models: with a shared model ("policy") both roles update it; with separate models the
+proposer trajectories update "proposer" and the solver trajectories update "solver", each with
+its own optimizer and schedule. Backends (`torch_learner`, `deepspeed_learner`) provide the
+per-model `Slot`: backward, clipped optimizer step, full weights, save/load.
+
+Learner group (data parallel, deepspeed backend): every rank gets the same trajectories and
+runs `step` on them together. The micro-batches are the ones one rank would make; rank r
+takes micro-batches r, r+N, ... and all ranks make as many passes (a rank short of
+micro-batches repeats one with weight 0: under ZeRO-3 every forward is collective). Each loss
+is normalized by the step's global token count and multiplied by N, so DeepSpeed's average
+of the ranks' gradients is the full batch's gradient: N ranks give the 1-rank update up to
+float summation order. Stats are summed over the ranks; every rank returns the same stats.
+Weights and checkpoints are collective: rank 0 returns/writes them, the other ranks take
+part in the gathers and return {} / write nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from compassplay.engines.training.advantages import broadcast_to_tokens, trajectory_advantages
+from compassplay.engines.training.dist import sum_over_ranks
+from compassplay.engines.training.logprobs import pack, token_logprobs, token_logprobs_entropy
+from compassplay.engines.training.policy_loss import ppo_loss
+from compassplay.records import Role, Trajectory
+
+
+@dataclass
+class LearnerStats:
+    """One learner step. loss: token-mean over all trained tokens; grad_norm: pre-clip L2 norm
+    over all updated models; clip_frac/kl: per-token means (kl is k3, 0 without a reference);
+    lr: the learning rate this update used (the first model's); entropy: the policy's mean
+    token entropy (nats, temperature 1, before the update) over the completion tokens of the
+    trajectories the learner forwarded (zero-advantage trajectories are skipped when there is
+    no KL term); response_length_mean: mean completion length (tokens) over all trajectories."""
+
+    loss: float
+    grad_norm: float
+    lr: float
+    clip_frac: float
+    kl: float
+    n_tokens: int
+    weight_version: int
+    by_model: dict[str, dict[str, float]] = field(default_factory=dict)
+    entropy: float = 0.0
+    response_length_mean: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def lr_lambda(schedule: str, warmup_steps: int, total_steps: int | None) -> Callable[[int], float]:
+    """LR multiplier after `n` optimizer steps: linear warmup to 1 over `warmup_steps`, then
+    constant, or cosine/linear decay to 0 at `total_steps` (required for those two)."""
+    if schedule != "constant" and not total_steps:
+        raise ValueError(f"learner.schedule={schedule!r} needs total_steps (pipeline.steps)")
+
+    def fn(n: int) -> float:
+        if warmup_steps and n < warmup_steps:
+            return (n + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (n - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress)) if schedule == "cosine" \
+            else 1.0 - progress
+    return fn
+
+
+class NoOptimizerMetric(RuntimeError):
+    """The learner backend cannot give the AdamW metric reward.kind=precond_cosine scores in."""
+
+
+class Slot(ABC):
+    """One trainable model with its optimizer and LR schedule (backend-specific)."""
+
+    module: torch.nn.Module  # forward pass
+    rank: int = 0  # in the learner group
+    world_size: int = 1
+
+    @abstractmethod
+    def backward(self, loss: torch.Tensor, last: bool) -> None:
+        """Accumulate gradients; `last` marks the final micro-batch before `step`."""
+
+    @abstractmethod
+    def step(self) -> float:
+        """Clip, optimizer step, schedule step, zero grads; returns the pre-clip grad norm."""
+
+    @abstractmethod
+    def lr(self) -> float: ...
+
+    @abstractmethod
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """All weights with HF names, detached CPU copies."""
+
+    @abstractmethod
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Back to `weights` (HF names) with a fresh optimizer and schedule, in place."""
+
+    @abstractmethod
+    def save(self, path: Path | None, weights_dir: Path | None) -> None:
+        """Optimizer/scheduler state under `path`, the full weights as an HF folder in
+        `weights_dir`; None: take part in a collective save, write nothing."""
+
+    @abstractmethod
+    def load(self, path: Path, weights_dir: Path) -> None:
+        """Inverse of `save(path, weights_dir)`."""
+
+    def preconditioner(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """Per parameter name (trainable parameters of `module`), the metric of this model's
+        next AdamW step, M = 1 / (sqrt(v_hat) + eps) (`rewards.preconditioner.adamw_metric`,
+        CPU float32, the parameter's shape); ones for a parameter the optimizer has not
+        stepped yet (the plain metric). Backends that cannot read their optimizer state
+        (DeepSpeed's partitioned one; the config refuses that pairing) raise
+        `NoOptimizerMetric`."""
+        raise NoOptimizerMetric(f"{type(self).__name__} cannot read its optimizer's second "
+                                "moments (reward.kind=precond_cosine needs "
+                                "learner.backend=torch)")
+
+
+class Learner(ABC):
+    """What the pipeline calls."""
+
+    @abstractmethod
+    def step(self, trajectories: list[Trajectory]) -> LearnerStats: ...
+
+    @abstractmethod
+    def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
+        """Full weights (HF names, CPU) of the model that plays `role`."""
+
+    @property
+    @abstractmethod
+    def weight_version(self) -> int: ...
+
+    def preconditioner(self, names: list[str], role: Role = "solver") -> dict[str, torch.Tensor]:
+        """The AdamW metric {name: M} (CPU float32) of the model that plays `role`, for the
+        parameter `names` (`Slot.preconditioner`)."""
+        raise NoOptimizerMetric(f"{type(self).__name__} has no optimizer metric "
+                                "(reward.kind=precond_cosine needs learner.backend=torch)")
+
+    @abstractmethod
+    def save(self, path: str | Path, model_dir: str | Path | None = None) -> None: ...
+
+    @abstractmethod
+    def load(self, path: str | Path, model_dir: str | Path | None = None) -> None: ...
+
+
+class PolicyLearner(Learner):
+    """Backend-independent step over `slots` ("policy", or "proposer" and "solver")."""
+
+    def __init__(self, slots: dict[str, Slot], cfg, ref_model: torch.nn.Module | None = None,
+                 backend: str = "torch") -> None:
+        if cfg.kl_coef > 0 and ref_model is None:
+            raise ValueError("learner.kl_coef > 0 needs a frozen reference model (ref_model)")
+        self.slots, self.cfg, self.backend = slots, cfg, backend
+        self.ref_model = ref_model.eval().requires_grad_(False) if ref_model is not None else None
+        self._version = 0
+        first = next(iter(slots.values()))
+        self.rank, self.world_size = first.rank, first.world_size
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def slot_for(self, role: Role) -> str:
+        return "policy" if "policy" in self.slots else role
+
+    def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
+        return self.slots[self.slot_for(role)].full_state_dict()
+
+    def preconditioner(self, names: list[str], role: Role = "solver") -> dict[str, torch.Tensor]:
+        return self.slots[self.slot_for(role)].preconditioner(names)
+
+    def step(self, trajectories: list[Trajectory]) -> LearnerStats:
+        """One update on `trajectories`. None (a step where solver.train_on=selected chose no
+        proof and there were no proposals): the weights stay, and their version still advances
+        so that every step has one."""
+        if not trajectories:
+            self._version += 1
+            first = next(iter(self.slots.values()))
+            return LearnerStats(loss=0.0, grad_norm=0.0, lr=first.lr(), clip_frac=0.0, kl=0.0,
+                                n_tokens=0, weight_version=self._version)
+        adv = trajectory_advantages(trajectories)
+        stats: dict[str, dict[str, float]] = {}
+        norms: list[float] = []
+        for batch in mini_batches(len(trajectories), self.cfg.mini_batch_size, self._version):
+            by_slot: dict[str, list[int]] = {}
+            for i in batch:
+                by_slot.setdefault(self.slot_for(trajectories[i].role), []).append(i)
+            sq = 0.0
+            for name in sorted(by_slot):
+                got = self._train_slot(self.slots[name], by_slot[name], trajectories, adv)
+                sq += got["grad_norm"] ** 2
+                stats[name] = _add_stats(stats.get(name), got)
+            norms.append(math.sqrt(sq))
+        self._version += 1
+        n_tok = sum(s["n_tokens"] for s in stats.values())
+        per_tok = max(n_tok, 1.0)
+        return LearnerStats(
+            loss=sum(s["loss"] * s["n_tokens"] for s in stats.values()) / per_tok,
+            grad_norm=sum(norms) / len(norms),
+            lr=stats[sorted(stats)[0]]["lr"],
+            clip_frac=sum(s["clipped"] for s in stats.values()) / per_tok,
+            kl=sum(s["kl_sum"] for s in stats.values()) / per_tok,
+            n_tokens=int(n_tok), weight_version=self._version, by_model=stats,
+            entropy=sum(s["entropy_sum"] for s in stats.values())
+            / max(sum(s["entropy_tokens"] for s in stats.values()), 1.0),
+            response_length_mean=n_tok / len(trajectories))
+
+    def _train_slot(self, slot: Slot, idx: list[int], trajs: list[Trajectory],
+                    adv: list[float]) -> dict[str, float]:
+        total = float(sum(len(trajs[i].generation.completion_ids) for i in idx))
+        dev = next(slot.module.parameters()).device
+        slot.module.train()
+        if self.ref_model is None or not self.cfg.kl_coef:
+            # A zero advantage gives a zero policy-gradient term: leave those trajectories out
+            # of the passes (same update; the normalizer still counts their tokens). One is kept
+            # if all are zero so the optimizer steps on zero gradients exactly as before.
+            idx = [i for i in idx if adv[i] != 0.0] or idx[:1]
+        loss_sum = clipped = kl_sum = ent_sum = ent_tok = 0.0
+        chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
+        mine = [(chunk, 1.0) for chunk in chunks[self.rank::self.world_size]]
+        passes = -(-len(chunks) // self.world_size)
+        mine += [(chunks[0], 0.0)] * (passes - len(mine))  # weight 0: collective passes only
+        for c, (chunk, weight) in enumerate(mine):
+            b = pack([trajs[i].generation for i in chunk], device=dev)
+            a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
+            logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],
+                                               b["targets"], b["mask"])
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(self.ref_model, b["input_ids"].to(self._ref_dev()),
+                                         b["attention_mask"].to(self._ref_dev()),
+                                         b["targets"].to(self._ref_dev()),
+                                         b["mask"].to(self._ref_dev())).to(dev)
+            terms = ppo_loss(logp, b["old_logp"], a, b["mask"], self.cfg.clip_eps, ref,
+                             self.cfg.kl_coef, normalizer=max(total, 1.0))
+            slot.backward(terms.loss * (weight * self.world_size), last=c == len(mine) - 1)
+            loss_sum += weight * float(terms.loss.detach().item())
+            clipped += weight * terms.clipped_tokens
+            kl_sum += weight * terms.kl_sum
+            ent_sum += weight * float((ent * b["mask"]).sum().item())
+            ent_tok += weight * terms.n_tokens
+        if self.world_size > 1:
+            loss_sum, clipped, kl_sum, ent_sum, ent_tok = sum_over_ranks(
+                [loss_sum, clipped, kl_sum, ent_sum, ent_tok], dev)
+        lr = slot.lr()  # the LR this update uses
+        grad_norm = slot.step()
+        return {"loss": loss_sum, "grad_norm": grad_norm, "lr": lr, "clipped": clipped,
+                "kl_sum": kl_sum, "n_tokens": total, "entropy_sum": ent_sum,
+                "entropy_tokens": ent_tok}
+
+    def _ref_dev(self) -> torch.device:
+        return next(self.ref_model.parameters()).device
+
+    def reset(self, weights: dict[str, torch.Tensor]) -> None:
+        """Every model back to `weights` (the initial policy), fresh optimizers, version 0."""
+        for slot in self.slots.values():
+            slot.reset(weights)
+        self._version = 0
+
+    def save(self, path: str | Path | None, model_dir: str | Path | None = None) -> None:
+        """Optimizer and scheduler per model (the proposer's under proposer/ when separate)
+        and learner.json (version, backend) under `path`; each model's full weights as an HF
+        folder (model.safetensors + config.json + generation_config.json, `model_dirs`):
+        under `model_dir` (the proposer's in its sibling `proposer_model/`), or with the
+        optimizer files when `model_dir` is None. Collective in a learner group: only rank 0
+        writes (the others ignore `path`)."""
+        if self.rank != 0:
+            for slot in self.slots.values():
+                slot.save(None, None)
+            return
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        weights = model_dirs(path, model_dir)
+        for name, slot in self.slots.items():
+            state = path / "proposer" if name == "proposer" else path
+            for d in (state, weights[name]):
+                d.mkdir(parents=True, exist_ok=True)
+            slot.save(state, weights[name])
+        meta = {"weight_version": self._version, "backend": self.backend,
+                "models": sorted(self.slots)}
+        (path / "learner.json").write_text(json.dumps(meta, indent=1))
+
+    def load(self, path: str | Path, model_dir: str | Path | None = None) -> None:
+        """Inverse of `save(path, model_dir)` (the same `model_dir`)."""
+        path = Path(path)
+        meta = json.loads((path / "learner.json").read_text())
+        if meta["models"] != sorted(self.slots):
+            raise ValueError(f"checkpoint has models {meta['models']}, learner has "
+                             f"{sorted(self.slots)} (learner.shared_model differs?)")
+        weights = model_dirs(path, model_dir)
+        for name, slot in self.slots.items():
+            slot.load(path / "proposer" if name == "proposer" else path, weights[name])
+        self._version = int(meta["weight_version"])
+
+
+def mini_batches(n: int, size: int, seed: int) -> list[list[int]]:
+    """Indices 0..n-1 in optimizer-step mini-batches of `size` (0 = one batch, in order): a
+    permutation seeded by `seed` (the weight version: every rank draws the same), cut into
+    near-equal contiguous parts of at most `size` each."""
+    if not size or n <= size:
+        return [list(range(n))]
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    parts = -(-n // size)
+    return [order[(n * k) // parts:(n * (k + 1)) // parts] for k in range(parts)]
+
+
+def _add_stats(acc: dict[str, float] | None, new: dict[str, float]) -> dict[str, float]:
+    """One model's stats summed over its mini-batches (loss token-weighted, the LR of the
+    first, the grad norm of the last: `step` reports the mean over optimizer steps)."""
+    if acc is None:
+        return dict(new)
+    tok = acc["n_tokens"] + new["n_tokens"]
+    out = {k: acc[k] + new[k] for k in ("clipped", "kl_sum", "entropy_sum",
+                                        "entropy_tokens", "n_tokens")}
+    out["loss"] = (acc["loss"] * acc["n_tokens"] + new["loss"] * new["n_tokens"]) / max(tok, 1.0)
+    out["lr"], out["grad_norm"] = acc["lr"], new["grad_norm"]
+    return out
+
+
+PROPOSER_MODEL = "proposer_model"
+
+
+def model_dirs(path: str | Path, model_dir: str | Path | None) -> dict[str, Path]:
+    """Where `PolicyLearner.save(path, model_dir)` puts each model's HF folder, by slot name:
+    the policy (or solver) in `model_dir`, a separate proposer in `model_dir`'s sibling
+    `proposer_model/`; with no `model_dir`, in `path` and `path/proposer` (the optimizer's
+    folders)."""
+    path = Path(path)
+    if model_dir is None:
+        return {"policy": path, "solver": path, "proposer": path / "proposer"}
+    model_dir = Path(model_dir)
+    return {"policy": model_dir, "solver": model_dir,
+            "proposer": model_dir.parent / PROPOSER_MODEL}

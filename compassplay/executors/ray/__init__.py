@@ -1,0 +1,1 @@
+"""The Ray executor: the driver, stage dispatch, monitors, the session, traffic and metrics."""

@@ -1,0 +1,1 @@
+"""The run directory: claiming it, the run log and trackers, checkpoints."""

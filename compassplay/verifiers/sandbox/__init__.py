@@ -1,0 +1,1 @@
+"""The OS-isolated Python sandbox: a pool of zygotes behind bubblewrap, seccomp and cgroups."""

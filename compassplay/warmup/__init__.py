@@ -1,0 +1,1 @@
+"""Warm-ups before self-play: the format bootstrap, the SFT pieces, the warm micro model."""
