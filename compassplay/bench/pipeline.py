@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class StandIn:
     """Stands in for every role: each stage sleeps its set duration (0 for the bookkeeping
-    stages update_buffer, env_state and candidates) and passes a token on."""
+    stages update_buffer, collect, env_state and candidates) and passes a token on."""
 
     def __init__(self, seconds: dict[str, float]) -> None:
         self.s, self.done = seconds, 0

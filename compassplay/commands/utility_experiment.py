@@ -117,7 +117,6 @@ def collect_pool(cfg: RunConfig, path: Path, want: int, max_steps: int) -> list[
         return pool
     from compassplay.executors.local import InProcess
     from compassplay.step.graph import submit_step
-    from compassplay.step.messages import Validated
     from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
     from compassplay.workers.scorer_worker import ScorerWorker
     from compassplay.workers.verifier_worker import VerifierWorker
@@ -134,7 +133,7 @@ def collect_pool(cfg: RunConfig, path: Path, want: int, max_steps: int) -> list[
             t = time.time()
             got = submit_step(step, InProcess(workers), weights, False, cfg.task.domain,
                               stop_after="candidates")
-            tasks = {t.task_id: t for t in Validated.merge(got["validate"]).solved}
+            tasks = {t.task_id: t for t in got["collect"].solved}
             rows = [{"step": step, **c.model_dump(mode="json"),
                      "task": tasks[c.task_id].model_dump(mode="json")}
                     for c in got["candidates"].cands]
@@ -143,7 +142,7 @@ def collect_pool(cfg: RunConfig, path: Path, want: int, max_steps: int) -> list[
                     f.write(json.dumps(r) + "\n")
             pool += rows
             log.info("pool step %d: %d proposals valid, %d eligible (%d/%d, %.0f s)", step,
-                     sum(t.valid for t in Validated.merge(got["validate"]).tasks), len(rows),
+                     sum(t.valid for t in got["collect"].tasks), len(rows),
                      len(pool), want, time.time() - t)
     finally:
         for v in workers["verifier"]:

@@ -1,7 +1,8 @@
 """The data flow of one self-play step, defined once and run by both executors.
 
     propose(weights) -> validate (every verifier, a slice each) -> update_buffer (proposer)
-    -> solve(weights) -> grade (every verifier) [-> record_proofs (proposer, lean runs)]
+    -> collect (solver: the slices merged, once a step) -> solve(weights)
+    -> grade (every verifier) [-> record_proofs (proposer, lean runs)]
     [-> env_state (proposer, checkpoint steps)] -> candidates (scorer 0)
     -> score(weights) (every scorer shard) -> learn (learner)
 
@@ -9,8 +10,9 @@ record_proofs (task.domain=lean only) adds the targets proved this step to the p
 seed buffer; in the Ray pipeline the proposer then takes step k+1's proposals only after step
 k is graded (the seeds of step k+1 include step k's proofs), whatever the staleness.
 
-`STEP` lists the stages: which worker role runs each, which earlier outputs it takes, and
-whether it runs on every worker of its role (a fan-out, returning one part per worker).
+`STEP` lists the stages: which worker role runs each, what its output is called, which
+earlier outputs it takes (its method's parameters, by name and in order), and whether it runs
+on every worker of its role (a fan-out, returning one part per worker).
 `submit_step` walks it with a `Dispatch`: the local executor's calls workers in process and
 returns values, the Ray executor's calls actors and returns ObjectRefs, so the graph is the
 same in both. A worker method receives a `StageCall` (the step, its part of a fan-out) and its
@@ -36,10 +38,16 @@ WEIGHTS = "weights"  # the input name of a weights offer
 
 @dataclass(frozen=True)
 class Stage:
-    """One node of the step: `role` runs method `name` on `inputs` (earlier stage names)."""
+    """One node of the step: `role` runs method `name` with parameters `inputs`.
+
+    Each input is a parameter of the method, named after the value it takes: WEIGHTS (the
+    offer), or the `out` of an earlier stage. The method's signature is
+    `name(self, call, *inputs)` with exactly these names in this order
+    (tests/step/test_graph.py checks every stage against its worker's method)."""
 
     name: str
     role: Role
+    out: str  # what the stage's output is called where a later stage takes it
     inputs: tuple[str, ...] = ()
     fan_out: bool = False  # one call per worker of `role`, each on its part
     weights_of: str = ""  # with WEIGHTS among the inputs: whose weights (proposer/solver/
@@ -49,18 +57,37 @@ class Stage:
 
 
 STEP: tuple[Stage, ...] = (
-    Stage("propose", "proposer", (WEIGHTS,), weights_of="proposer"),
-    Stage("validate", "verifier", ("propose",), fan_out=True),
-    Stage("update_buffer", "proposer", ("validate",)),
-    Stage("solve", "solver", (WEIGHTS, "validate"), weights_of="solver"),
-    Stage("grade", "verifier", ("validate", "solve"), fan_out=True),
-    Stage("record_proofs", "proposer", ("validate", "solve", "grade"), domain="lean"),
-    Stage("env_state", "proposer", ("update_buffer", "record_proofs"), checkpoint_only=True),
-    Stage("candidates", "scorer", ("validate", "solve", "grade")),
-    Stage("score", "scorer", (WEIGHTS, "candidates"), fan_out=True, weights_of="scorer"),
-    Stage("learn", "learner", ("propose", "env_state", "validate", "solve", "grade", "score",
-                               "record_proofs")),
+    Stage("propose", "proposer", "proposals", (WEIGHTS,), weights_of="proposer"),
+    Stage("validate", "verifier", "slices", ("proposals",), fan_out=True),
+    Stage("update_buffer", "proposer", "added", ("slices",)),
+    Stage("collect", "solver", "validated", ("slices",)),
+    Stage("solve", "solver", "attempts", (WEIGHTS, "validated"), weights_of="solver"),
+    Stage("grade", "verifier", "grades", ("validated", "attempts"), fan_out=True),
+    Stage("record_proofs", "proposer", "recorded", ("validated", "attempts", "grades"),
+          domain="lean"),
+    Stage("env_state", "proposer", "env_state", ("added", "recorded"), checkpoint_only=True),
+    Stage("candidates", "scorer", "candidates", ("validated", "attempts", "grades")),
+    Stage("score", "scorer", "shards", (WEIGHTS, "candidates"), fan_out=True,
+          weights_of="scorer"),
+    Stage("learn", "learner", "result", ("proposals", "env_state", "validated", "attempts",
+                                         "grades", "shards", "recorded")),
 )
+
+
+def check_graph(stages: tuple[Stage, ...] = STEP) -> None:
+    """Raise ValueError unless every input names WEIGHTS or an earlier stage's `out`, and
+    stage names and outputs are unique."""
+    seen: set[str] = set()
+    for st in stages:
+        missing = [n for n in st.inputs if n != WEIGHTS and n not in seen]
+        if missing:
+            raise ValueError(f"stage {st.name!r} takes {missing}: no earlier stage gives them")
+        if st.out in seen or st.out == WEIGHTS:
+            raise ValueError(f"stage {st.name!r}: output name {st.out!r} is taken")
+        seen.add(st.out)
+    if len({st.name for st in stages}) != len(stages):
+        raise ValueError("stage names repeat")
+
 
 Kind = Literal["one", "parts", "weights"]
 
@@ -111,12 +138,13 @@ def submit_step(step: int, dispatch: Dispatch, weights: dict[str, Snapshot],
     to submit (e.g. "candidates": a rollout that scores and learns nothing)."""
     if stop_after is not None and stop_after not in {st.name for st in STEP}:
         raise ValueError(f"stop_after={stop_after!r} is not a stage of the step")
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # by stage name
+    value: dict[str, Any] = {}  # by output name
     for st in STEP:
         if out and stop_after in out:
             break
         if (st.checkpoint_only and not checkpoint) or (st.domain and st.domain != domain):
-            out[st.name] = None
+            out[st.name] = value[st.out] = None
             continue
         args: list[Any] = []
         kinds: list[Kind] = []
@@ -127,19 +155,19 @@ def submit_step(step: int, dispatch: Dispatch, weights: dict[str, Snapshot],
                 args += [version, box]
                 kinds.append("weights")
                 sizes.append(2)
-            elif isinstance(out[name], list):
-                args += out[name]
+            elif isinstance(value[name], list):
+                args += value[name]
                 kinds.append("parts")
-                sizes.append(len(out[name]))
+                sizes.append(len(value[name]))
             else:
-                args.append(out[name])
+                args.append(value[name])
                 kinds.append("one")
                 sizes.append(1)
         n = dispatch.count(st.role) if st.fan_out else 1
         handles = [dispatch.call(st.role, i, StageCall(st.name, step, i, n, tuple(kinds),
                                                        tuple(sizes)), args)
                    for i in range(n)]
-        out[st.name] = handles if st.fan_out else handles[0]
+        out[st.name] = value[st.out] = handles if st.fan_out else handles[0]
     return out
 
 

@@ -1,7 +1,8 @@
 """The messages the stages of one step pass each other (each carries its `Timing`).
 
 A stage that runs on several workers at once (validate and grade on every verifier, score on
-every scorer shard) returns one part per worker; `Validated.merge` and `GradeBatch.merge` put
+every scorer shard) returns one part per worker; `Validated.merge` (once a step, in the
+collect stage) and `GradeBatch.merge` put
 the parts back together in order, and `GradeBatch.merge` computes the solve rates s(x) once.
 """
 

@@ -106,15 +106,16 @@ class ProposerWorker(_GeneratorWorker):
         self.after_generation()
         return Proposals(call.step, out.tasks, out.seed_tasks, t)
 
-    def update_buffer(self, call: StageCall, parts: list[Validated]) -> int:
-        """The buffer update, a stage of its own: this step's valid proposed tasks join."""
-        return self.env.add_to_buffer([t for p in parts for t in p.tasks if t.valid])
+    def update_buffer(self, call: StageCall, slices: list[Validated]) -> int:
+        """The buffer update, a stage of its own: this step's valid proposed tasks join
+        (from the verifiers' slices, in part order: it need not wait for `collect`)."""
+        return self.env.add_to_buffer([t for p in slices for t in p.tasks if t.valid])
 
-    def record_proofs(self, call: StageCall, parts: list[Validated], attempts: AttemptBatch,
+    def record_proofs(self, call: StageCall, validated: Validated, attempts: AttemptBatch,
                       grades: list[GradeBatch]) -> dict[str, float]:
         """After grading (lean runs): proved targets join the buffer; returns the
         environment's step metrics (coverage)."""
-        solved = Validated.merge(parts).solved
+        solved = validated.solved
         graded = GradeBatch.merge(grades, solved)
         return self.env.record_results(solved, attempts.attempts, graded.verdicts)
 
@@ -135,12 +136,16 @@ class SolverWorker(_GeneratorWorker):
     def __init__(self, cfg: RunConfig) -> None:
         super().__init__(cfg, cfg.solver, "solver")
 
+    def collect(self, call: StageCall, slices: list[Validated]) -> Validated:
+        """The verifiers' slices merged once for the step (every later stage takes this)."""
+        return Validated.merge(slices)
+
     def solve(self, call: StageCall, weights: WeightsOffer,
-              parts: list[Validated]) -> AttemptBatch:
+              validated: Validated) -> AttemptBatch:
+        """n attempts per task the solver attempts (`validated.solved`)."""
         self.accept(weights)
-        merged = Validated.merge(parts)
         with timed(self.gpus) as t:
-            attempts = stages.solve(self.env, self.engine, self.tok, self.cfg, merged.solved,
-                                    call.step, {s.task_id for s in merged.seed_tasks})
+            attempts = stages.solve(self.env, self.engine, self.tok, self.cfg, validated.solved,
+                                    call.step, {s.task_id for s in validated.seed_tasks})
         self.after_generation()
         return AttemptBatch(attempts, t)

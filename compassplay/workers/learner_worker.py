@@ -189,13 +189,13 @@ class LearnerWorker:
         self.recent = []
         return self.restored_state
 
-    def learn(self, call: StageCall, props: Proposals, env_state: dict | None,
-              validated: list[Validated], attempts: AttemptBatch, grades: list[GradeBatch],
+    def learn(self, call: StageCall, proposals: Proposals, env_state: dict | None,
+              validated: Validated, attempts: AttemptBatch, grades: list[GradeBatch],
               shards: list[ScoredShard], recorded: dict | None = None) -> StepResult:
         """Rewards -> trajectories -> one policy update -> the step's metrics (+ checkpoint)."""
+        props, batch = proposals, validated
         if props.step != self.steps_done:
             raise RuntimeError(f"learner expected step {self.steps_done}, got {props.step}")
-        batch = Validated.merge(validated)
         graded = GradeBatch.merge(grades, batch.solved)
         param_shard = self.cfg.scorer.shard_mode == "param_shard"
         cands, alignment = merge_shards(shards, param_shard)

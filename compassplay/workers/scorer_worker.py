@@ -82,11 +82,11 @@ class ScorerWorker(Versioned):
                                    f"{version} came without the learner's metric")
             self.scorer.set_metric(metric)
 
-    def candidates(self, call: StageCall, validated: list[Validated], attempts: AttemptBatch,
+    def candidates(self, call: StageCall, validated: Validated, attempts: AttemptBatch,
                    grades: list[GradeBatch]) -> Candidates:
         """The step's eligible candidates, built once (on scorer 0) for every shard."""
         with timed(self.gpus) as t:
-            solved = Validated.merge(validated).solved
+            solved = validated.solved
             graded = GradeBatch.merge(grades, solved)
             cands = stages.build_candidates(self.env, self.tok, self.cfg, solved,
                                             attempts.attempts, graded.verdicts, graded.rates)

@@ -29,16 +29,18 @@ class VerifierWorker:
         self.env = make_env(cfg, self.backend)
         self.gpus = role_gpus(cfg, "verifier")
 
-    def validate(self, call: StageCall, props: Proposals) -> Validated:
+    def validate(self, call: StageCall, proposals: Proposals) -> Validated:
+        """This verifier's slice of the proposals, checked for well-posedness."""
         with timed(self.gpus) as t:
-            tasks = stages.validate(self.env, part_of(props.tasks, call.part, call.parts))
-        return Validated(props.step, tasks, props.seed_tasks, t)
+            tasks = stages.validate(self.env, part_of(proposals.tasks, call.part, call.parts))
+        return Validated(proposals.step, tasks, proposals.seed_tasks, t)
 
-    def grade(self, call: StageCall, parts: list[Validated],
+    def grade(self, call: StageCall, validated: Validated,
               attempts: AttemptBatch) -> GradeBatch:
+        """Verdicts on this verifier's slice of the attempts."""
         with timed(self.gpus) as t:
             mine = part_of(attempts.attempts, call.part, call.parts)
-            verdicts = stages.grade(self.env, Validated.merge(parts).solved, mine)
+            verdicts = stages.grade(self.env, validated.solved, mine)
         return GradeBatch(verdicts, t)
 
     def stats(self) -> dict:

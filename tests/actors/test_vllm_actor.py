@@ -38,7 +38,7 @@ def test_solver_actor_takes_an_object_store_update_into_vllm(tmp_path):
     state = {k: v * 1.02 if k.endswith("norm.weight") else v for k, v in state.items()}
     seed = make_env(cfg, None).buffer.pool("deduction")[0]
     validated = Validated(0, [], [seed], Timing())
-    call = StageCall("solve", 0, 0, 1, ("weights", "parts"), (2, 1))
+    call = StageCall("solve", 0, 0, 1, ("weights", "one"), (2, 1))
 
     mp = pytest.MonkeyPatch()
     mp.setenv("RAY_AUTH_MODE", "disabled")

@@ -69,7 +69,7 @@ def test_build_candidates_keeps_every_verified_attempt():
 def scored(overrides, num_shards):
     cfg, _, tasks, attempts, verdicts = case(overrides)
     workers = [ScorerWorker(cfg, i, num_shards) for i in range(num_shards)]
-    cands = workers[0].candidates(StageCall("candidates", 0), [Validated(0, tasks, [], Timing())],
+    cands = workers[0].candidates(StageCall("candidates", 0), Validated(0, tasks, [], Timing()),
                                   AttemptBatch(attempts, Timing()),
                                   [GradeBatch(verdicts, Timing())])
     shards = [w.score(StageCall("score", 0, i, num_shards), WeightsOffer(0, lambda: None), cands)

@@ -74,7 +74,7 @@ def _scored(setup, overrides, num_shards=1):
     _, _, tasks, attempts, verdicts = setup
     cfg = load_config(None, BASE + ["reward.reference=local", *overrides])
     workers = [ScorerWorker(cfg, i, num_shards) for i in range(num_shards)]
-    cands = workers[0].candidates(StageCall("candidates", 0), [Validated(0, tasks, [], Timing())],
+    cands = workers[0].candidates(StageCall("candidates", 0), Validated(0, tasks, [], Timing()),
                                   AttemptBatch(attempts, Timing()), [GradeBatch(verdicts, Timing())])
     shards = [w.score(StageCall("score", 0, i, num_shards), WeightsOffer(0, lambda: None), cands)
               for i, w in enumerate(workers)]

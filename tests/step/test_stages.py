@@ -60,7 +60,7 @@ def setup():
 
 def _scored_shards(tasks, attempts, verdicts, overrides, num_shards):
     cfg = load_config(None, ["task.types=[deduction]", "reference.max_items=3", *overrides])
-    validated = [Validated(0, tasks, [], Timing())]
+    validated = Validated(0, tasks, [], Timing())
     att, grades = AttemptBatch(attempts, Timing()), [GradeBatch(verdicts, Timing())]
     workers = [ScorerWorker(cfg, i, num_shards) for i in range(num_shards)]
     cands = workers[0].candidates(StageCall("candidates", 0), validated, att, grades)

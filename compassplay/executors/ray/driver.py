@@ -1,8 +1,8 @@
 """The Ray executor: the step graph run as actor calls, wired by ObjectRefs, bounded staleness.
 
 Per step k the driver submits, without waiting, the stages of `step.graph.STEP` as actor
-calls (`RayDispatch`): propose -> validate (on every verifier) -> update_buffer -> solve ->
-grade (every verifier) -> candidates -> score (every scorer shard) -> learn; then asks the
+calls (`RayDispatch`): propose -> validate (on every verifier) -> update_buffer -> collect ->
+solve -> grade (every verifier) -> candidates -> score (every scorer shard) -> learn; then asks the
 learner for a snapshot of its weights, (version, state) as two ObjectRefs, and reports it to
 the `VersionGate`, which says which snapshot the rollout of each later step may use. Every
 payload moves between actors as an ObjectRef; the driver only fetches each step's small
