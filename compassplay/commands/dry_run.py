@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from compassplay.config import GRADIENT_KINDS, ConfigError, RunConfig
+from compassplay.config import ConfigError, RunConfig
 
 
 def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
@@ -35,15 +35,15 @@ def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
         raise ConfigError(f"{field}: {exc}") from None
     out["environment"] = _describe_env(env)
     reference: set[str] = set()
-    if cfg.reward.kind in GRADIENT_KINDS and cfg.reward.reference == "global" \
-            or cfg.reward.kind == "soar" or cfg.logging.reference_loss:
+    needs = cfg.reward.needs  # config.reward_kinds: what the reward kind reads
+    if needs.reference_set(cfg.reward.reference) or cfg.logging.reference_loss:
         try:
             items = load_reference(cfg.reference.path, cfg.reference.max_items)
         except (OSError, ReferenceFormatError) as exc:
             raise ConfigError(f"reference.path: {exc}") from None
         reference = {problem_hash(it.prompt) for it in items}
         out["reference_items"] = len(items)
-    if cfg.reward.kind == "soar" and cfg.reward.soar_heldout != "seeds":
+    if needs.heldout_loss and cfg.reward.soar_heldout != "seeds":
         rows = heldout_rows(cfg.reward.soar_heldout, cfg.reward.soar_heldout_items)
         shared = {problem_hash(p) for p, _, _ in rows} & reference
         if shared:

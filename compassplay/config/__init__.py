@@ -3,7 +3,8 @@
 Every knob has a default, a type, a range where it has one, and a description. Errors name the
 file, the dotted field and what was expected (`ConfigError`). The sections live in `models`
 (run, model, roles, scorer, learner, bootstrap), `task_reward` (task, reward, reference, and the
-constants they share: `GRADIENT_KINDS`, `AZR_CODE_OUTSIDE_REWARD`) and `infra` (verifiers,
+constants they share: `AZR_CODE_OUTSIDE_REWARD`), `reward_kinds` (what each reward kind needs:
+`REWARD_NEEDS`, `GRADIENT_KINDS`) and `infra` (verifiers,
 pipeline, eval, logging, cluster); `RunConfig` in `run_config`; reading files, shipped configs,
 `base:` and overrides in `files`. Import everything from here.
 """
@@ -42,6 +43,13 @@ from compassplay.config.models import (  # noqa: F401
     SolverSection,
     TinyModelConfig,
 )
+from compassplay.config.reward_kinds import (  # noqa: F401
+    GRADIENT_KINDS,
+    REWARD_NEEDS,
+    RewardKind,
+    RewardNeeds,
+    reward_needs,
+)
 from compassplay.config.run_config import (  # noqa: F401
     RunConfig,
 )
@@ -51,7 +59,6 @@ from compassplay.config.section import (  # noqa: F401
 )
 from compassplay.config.task_reward import (  # noqa: F401
     AZR_CODE_OUTSIDE_REWARD,
-    GRADIENT_KINDS,
     LeanTaskSection,
     ReferenceSection,
     RewardSection,

@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from compassplay.config.reward_kinds import RewardKind, RewardNeeds, reward_needs
 from compassplay.config.section import Section
 
 #: What AZR's released code gives a valid, well-formatted proposal the solver always or never
@@ -14,9 +15,6 @@ from compassplay.config.section import Section
 #: (`reward.outside_reward`'s default under `reward.azr_compat`; see `rewards.functions.difficulty`).
 AZR_CODE_OUTSIDE_REWARD = -0.5
 
-#: The reward kinds scored by a task's loss gradient against a reference gradient (they need
-#: the scorer's model passes and a reference set).
-GRADIENT_KINDS = ("cosine", "inner", "cos_novelty", "precond_cosine")
 
 class LeanTaskSection(Section):
     """The Lean theorem-proving task (compassplay/envs/lean). The REPL command, the pool size
@@ -148,6 +146,11 @@ class RewardSection(Section):
         data.setdefault("normalize", "all")  # such configs predate gated_rank
         return data
 
+    @property
+    def needs(self) -> RewardNeeds:
+        """What `kind` needs from the run (`config.reward_kinds.REWARD_NEEDS`)."""
+        return reward_needs(self.kind)
+
     @model_validator(mode="after")
     def _gates_ordered(self) -> RewardSection:
         """gated_rank z-scores the class levels: they must be strictly ordered, or two classes
@@ -166,8 +169,7 @@ class RewardSection(Section):
                              f"reward.normalize=gated_rank, got {self.copy_reward}")
         return self
 
-    kind: Literal["difficulty", "cosine", "inner", "novelty", "cos_novelty", "soar",
-                  "precond_cosine"] = Field(
+    kind: RewardKind = Field(
         "difficulty", description="proposer reward: difficulty = AZR learnability 1 - s for "
         "0 < s < 1; cosine / inner = cosine / eta x inner product of the task's solution "
         "gradient with the reference gradient; novelty = token-Jaccard distance to its seed; "

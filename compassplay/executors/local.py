@@ -97,7 +97,7 @@ class LocalExecutor:
             if copy:
                 state = {k: v.detach().clone() for k, v in state.items()}
             out[role] = (version, [state])
-        if self.cfg.reward.kind == "precond_cosine":  # the weights plus the optimizer metric
+        if self.cfg.reward.needs.metric:  # the weights plus the optimizer metric (precond_cosine)
             version, state = self.learner.snapshot("scorer")
             out["scorer"] = (version, [state])
         return out

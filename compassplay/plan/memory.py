@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from itertools import combinations
 from typing import Any
 
-from compassplay.config import GRADIENT_KINDS, ConfigError, RunConfig
+from compassplay.config import ConfigError, RunConfig
 from compassplay.plan.shapes import Shape, shape_of
 
 GiB = 1 << 30
@@ -261,13 +261,14 @@ def scorer_role(cfg: RunConfig, shape: Shape, index: int) -> RoleMemory:
     staging = receiver_staging(cfg, shape, vllm=False)
     knob = "scorer.max_batch_tokens" if sc.max_batch_tokens >= solver_seq \
         else "solver.max_model_len"
-    if cfg.reward.kind == "soar":
+    needs = cfg.reward.needs  # config.reward_kinds: what the scorer's pass holds
+    if needs.scorer_pass == "heldout_loss":
         moments = 2 * p * wb if cfg.reward.soar_optimizer == "adamw" else 0
         parts = {"weights": weights, "soar_copy": weights, "soar_grads": weights,
                  "soar_optimizer": moments, "activations": act, "sync_staging": staging}
         if moments > act:
             knob = "reward.soar_optimizer"
-    elif cfg.reward.kind not in GRADIENT_KINDS:  # difficulty, novelty: no model passes
+    elif needs.scorer_pass == "none":  # difficulty, novelty: no model passes
         parts = {"weights": weights, "sync_staging": staging}
     else:
         share = _trainable(shape, sc.params)
@@ -275,7 +276,7 @@ def scorer_role(cfg: RunConfig, shape: Shape, index: int) -> RoleMemory:
             share = -(-share // sc.num_scorers)
         parts = {"weights": weights, "reference_grad": 4 * share, "activations": act,
                  "chunks": SCORER_CHUNK_BYTES, "sync_staging": staging}
-        if cfg.reward.kind == "precond_cosine":  # float32 M and M g_ref of the share
+        if needs.metric:  # precond_cosine: float32 M and M g_ref of the share
             parts["metric"] = 8 * share
     total = sum(v for k, v in parts.items() if k != "sync_staging")
     phases = {**dict.fromkeys(PHASES, total), "sync": total + staging}

@@ -14,7 +14,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from compassplay.config import GRADIENT_KINDS, RewardSection, RunConfig
+from compassplay.config import RewardSection, RunConfig
 from compassplay.engines.generation.base import (
     GenerationEngine,
     SamplingParams,
@@ -187,7 +187,7 @@ def build_candidates(env: Environment, tokenizer, cfg: RunConfig, tasks: list[Ta
             solutions = [s[len(prefix):] if s.startswith(prefix) else s for s in solutions]
         targets = [target_ids(tokenizer, s) for s in solutions]
         ref: dict = {}
-        if cfg.reward.reference == "local" and cfg.reward.kind in GRADIENT_KINDS:
+        if cfg.reward.reference == "local" and cfg.reward.needs.gradients:
             local = env.local_reference(task)
             if local is None:  # no seed solution to align with: the task is not scored
                 continue
@@ -237,7 +237,7 @@ def assign_rewards(cfg: RewardSection, tasks: list[Task], rates: dict[str, float
             nov = 1.0 - token_jaccard(cand.novelty_tokens, cand.seed_tokens)
         parse_fail = task.invalid_reason.startswith("parse:")
         penalty = cfg.format_penalty if parse_fail else cfg.invalid_penalty
-        if cfg.kind == "soar":
+        if cfg.needs.heldout_loss:  # SOAR: the measured gain is the reward
             reward = penalty if not task.valid else (
                 (utility or {}).get(task.task_id, 0.0) if cand is not None
                 else cfg.ineligible_reward)

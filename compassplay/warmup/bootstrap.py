@@ -60,7 +60,7 @@ def examples(cfg: RunConfig, tokenizer, rng: random.Random) -> list[SFTExample]:
     env = CodeEnvironment(cfg.task, None, seed=cfg.run.seed,
                           num_references=cfg.proposer.num_references,
                           heldout=r.soar_heldout_items
-                          if r.kind == "soar" and r.soar_heldout == "seeds" else 0)
+                          if r.needs.heldout_loss and r.soar_heldout == "seeds" else 0)
     seeds = list(env.buffer)
     io = [t for t in seeds if t.task_type != "induction" and t.program.startswith("def f(")]
     ind = [t for t in seeds if t.task_type == "induction"

@@ -65,7 +65,7 @@ def make_env(cfg: RunConfig, backend: CodeRunner | LeanPool | None) -> Environme
     if cfg.task.domain == "lean":
         return LeanEnvironment(cfg, backend)
     r = cfg.reward
-    heldout = r.soar_heldout_items if r.kind == "soar" and r.soar_heldout == "seeds" else 0
+    heldout = r.soar_heldout_items if r.needs.heldout_loss and r.soar_heldout == "seeds" else 0
     return CodeEnvironment(cfg.task, backend, seed=cfg.run.seed,
                            num_references=cfg.proposer.num_references, heldout=heldout)
 

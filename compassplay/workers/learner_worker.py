@@ -84,7 +84,7 @@ class LearnerWorker:
                                     total_steps=cfg.pipeline.steps, dist=self.dist)
         # reward.kind=precond_cosine: the scored parameters, whose metric the scorers get
         self.metric_names = (metric_names(cfg, self.model)
-                             if cfg.reward.kind == "precond_cosine" else [])
+                             if cfg.reward.needs.metric else [])
         self.env = make_env(cfg, None)
         self.reference = make_reference(cfg, self.tok) if cfg.logging.reference_loss else None
         self.steps_done = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from compassplay.config import GRADIENT_KINDS, ConfigError, RunConfig
+from compassplay.config import ConfigError, RunConfig
 from compassplay.records import Candidate
 from compassplay.rewards.gradient import GradientScorer, Partials
 from compassplay.rewards.local_reference import group_references, local_partials
@@ -76,7 +76,7 @@ class ScorerWorker(Versioned):
         it (its own parameters' slice) before the reference is recomputed at this version."""
         state, metric = split_metric(weights)
         self.scorer.load_weights(state, version)
-        if self.cfg.reward.kind == "precond_cosine":
+        if self.cfg.reward.needs.metric:
             if metric is None:
                 raise RuntimeError(f"reward.kind=precond_cosine: the weights of version "
                                    f"{version} came without the learner's metric")
@@ -102,15 +102,30 @@ class ScorerWorker(Versioned):
         return shard
 
     def _score(self, cands: list[Candidate]) -> ScoredShard:
-        kind = self.cfg.reward.kind
-        if kind == "soar":
-            utility, cost = self._soar(cands)
-            return ScoredShard(cands, [], [], [], 0.0, Timing(), utility=utility, soar=cost)
+        """The pass the reward kind needs (`config.reward_kinds`: none, gradients or SOAR's
+        held-out loss) on this shard's candidates."""
+        run = {"none": self._nothing, "gradients": self._alignment,
+               "heldout_loss": self._heldout_gains}[self.cfg.reward.needs.scorer_pass]
+        return run(cands)
+
+    def _nothing(self, cands: list[Candidate]) -> ScoredShard:
+        """Kinds without a model pass (difficulty, novelty): an empty shard."""
+        return ScoredShard(cands, [], [], [], 0.0, Timing())
+
+    def _heldout_gains(self, cands: list[Candidate]) -> ScoredShard:
+        """SOAR's utilities and cost on this shard's candidate groups (`_soar`)."""
+        utility, cost = self._soar(cands)
+        return ScoredShard(cands, [], [], [], 0.0, Timing(), utility=utility, soar=cost)
+
+    def _alignment(self, cands: list[Candidate]) -> ScoredShard:
+        """Gradient-alignment partials of this shard's candidates (replica: every
+        num_shards-th candidate; param_shard: all of them over this shard's parameters),
+        against the global reference gradient or each candidate's local one."""
         index = list(range(len(cands)))
         if self.cfg.scorer.shard_mode == "replica":
             index = index[self.shard::self.num_shards]
-        if not index or kind not in GRADIENT_KINDS:
-            return ScoredShard(cands, [], [], [], 0.0, Timing())
+        if not index:
+            return self._nothing(cands)
         if self.local:
             return self._local(cands, index)
         ref = self.scorer.reference

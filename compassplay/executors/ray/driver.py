@@ -155,7 +155,7 @@ class Pipeline:
                 continue
             version, state = learner.snapshot.options(num_returns=2).remote(role)
             out[role] = (version, [state])
-        if self.cfg.reward.kind == "precond_cosine":  # the weights plus the optimizer metric
+        if self.cfg.reward.needs.metric:  # the weights plus the optimizer metric (precond_cosine)
             version, state = learner.snapshot.options(num_returns=2).remote("scorer")
             out["scorer"] = (version, [state])
         return out
