@@ -80,6 +80,16 @@ class _Generation:
     ooms: list[int] = field(default_factory=list)
 
 
+@dataclass
+class _Feed:
+    """One worker's side of `SandboxPool._drain`: its handle, the jobs sent and not yet
+    answered as (job index, send time), and when its previous reply came (time.monotonic s)."""
+
+    handle: WorkerHandle
+    inflight: deque[tuple[int, float]] = field(default_factory=deque)
+    last: float = field(default_factory=time.monotonic)
+
+
 class PythonSandbox:
     """Thread-safe pool of isolated workers; use as a context manager or call close()."""
 
@@ -248,77 +258,102 @@ class PythonSandbox:
 
     def _drain(self, gen: _Generation, jobs: deque[int], depth: int, codes: list[str],
                results: list, timeout: float) -> None:
-        """Feed one worker of `gen` from the shared `jobs` until none are left."""
+        """Feed one worker of `gen` from the shared `jobs` until none are left: keep up to
+        `depth` programs in flight (`_send_ahead`), record the oldest one's reply
+        (`_take_reply`), and restart the worker when it dies or retires."""
         slot = gen.idle.get()
         try:
             handle = self._ensure_quiet(gen, slot)
             if handle is None:
                 return  # this worker cannot be restarted: the others take the jobs
-            inflight: deque[tuple[int, float]] = deque()
-            last = time.monotonic()
+            feed = _Feed(handle)
             while True:
-                while len(inflight) < depth:
-                    try:
-                        i = jobs.popleft()
-                    except IndexError:
-                        break
-                    data = codes[i].encode("utf-8", "surrogatepass")
-                    if len(data) > MAX_CODE_BYTES:
-                        self._finish(results, i, ExecResult("error", "", "program too large",
-                                                            None, 0.0), 0.0)
-                        continue
-                    if not handle.can_send(len(data)):
-                        jobs.appendleft(i)
-                        break
-                    try:
-                        handle.send(data, timeout, self.memory_mb, self.max_output_bytes)
-                    except WorkerDied:
-                        jobs.appendleft(i)
-                        break
-                    inflight.append((i, time.monotonic()))
-                if not inflight:
-                    if jobs and not handle.alive():
-                        handle = self._ensure_quiet(gen, slot)
-                        if handle is None:
+                self._send_ahead(feed, jobs, depth, codes, results, timeout)
+                if not feed.inflight:
+                    if jobs and not feed.handle.alive():  # died while idle: restart it
+                        if not self._refeed(gen, slot, feed):
                             return
                         continue
                     return
-                i, sent = inflight.popleft()
-                begin = max(sent, last)
-                try:
-                    reply = handle.recv(begin + timeout + self.host_grace_s)
-                except WorkerRetired:  # it ran none of these: a fresh worker runs them
-                    jobs.extendleft(reversed([i] + [j for j, _ in inflight]))
-                    inflight.clear()
-                    handle = self._ensure_quiet(gen, slot)  # killed: restarts
-                    if handle is None:
-                        return
-                    last = time.monotonic()
-                    continue
-                except WorkerDied as exc:
-                    now = time.monotonic()
-                    status = "timeout" if now - begin >= timeout else "killed"
-                    if self._oom_since_last(gen, slot, handle):
-                        status = "memory"
-                    self._finish(results, i, ExecResult(status, "", f"sandbox worker lost: "
-                                                        f"{exc}", None, now - begin), now - begin)
-                    jobs.extendleft(reversed([j for j, _ in inflight]))  # these never ran
-                    inflight.clear()
-                    handle = self._ensure_quiet(gen, slot)
-                    if handle is None:
-                        return
-                    last = time.monotonic()
-                    continue
-                last = time.monotonic()
-                status = reply.status
-                if status in ("killed", "error") and self._oom_since_last(gen, slot, handle):
-                    status = "memory"
-                self._finish(results, i, ExecResult(
-                    status, reply.stdout.decode("utf-8", "replace"),
-                    reply.stderr.decode("utf-8", "replace"), reply.exit_code, reply.duration_s),
-                    last - begin)
+                if not self._take_reply(gen, slot, feed, jobs, results, timeout):
+                    return
         finally:
             gen.idle.put(slot)
+
+    def _send_ahead(self, feed: _Feed, jobs: deque[int], depth: int, codes: list[str],
+                    results: list, timeout: float) -> None:
+        """Send jobs until `depth` are in flight, none are left, or the worker takes no more
+        (its pipe is full, or it died: that job goes back to the front of `jobs`). A program
+        over MAX_CODE_BYTES is answered at once with an error."""
+        while len(feed.inflight) < depth:
+            try:
+                i = jobs.popleft()  # shared with the other workers' threads
+            except IndexError:
+                return
+            data = codes[i].encode("utf-8", "surrogatepass")
+            if len(data) > MAX_CODE_BYTES:
+                self._finish(results, i, ExecResult("error", "", "program too large", None,
+                                                    0.0), 0.0)
+                continue
+            if not feed.handle.can_send(len(data)):
+                jobs.appendleft(i)
+                return
+            try:
+                feed.handle.send(data, timeout, self.memory_mb, self.max_output_bytes)
+            except WorkerDied:
+                jobs.appendleft(i)
+                return
+            feed.inflight.append((i, time.monotonic()))
+
+    def _take_reply(self, gen: _Generation, slot: int, feed: _Feed, jobs: deque[int],
+                    results: list, timeout: float) -> bool:
+        """Wait for the oldest job's reply and record it. Its clock starts when it was sent
+        or when the previous reply came, whichever is later (the worker runs one at a time).
+        A retired worker ran none of the jobs in flight; a dead one lost the oldest (recorded
+        as timeout, killed or memory) and never ran the rest: they go back to `jobs` and the
+        worker restarts. False when it cannot be restarted."""
+        i, sent = feed.inflight.popleft()
+        begin = max(sent, feed.last)
+        try:
+            reply = feed.handle.recv(begin + timeout + self.host_grace_s)
+        except WorkerRetired:  # it ran none of these: a fresh worker runs them
+            return self._requeue_and_restart(gen, slot, feed, jobs, [i])
+        except WorkerDied as exc:
+            latency = time.monotonic() - begin
+            status = "timeout" if latency >= timeout else "killed"
+            if self._oom_since_last(gen, slot, feed.handle):
+                status = "memory"
+            self._finish(results, i, ExecResult(status, "", f"sandbox worker lost: {exc}", None,
+                                                latency), latency)
+            return self._requeue_and_restart(gen, slot, feed, jobs, [])
+        feed.last = time.monotonic()
+        status = reply.status
+        if status in ("killed", "error") and self._oom_since_last(gen, slot, feed.handle):
+            status = "memory"
+        self._finish(results, i, ExecResult(
+            status, reply.stdout.decode("utf-8", "replace"),
+            reply.stderr.decode("utf-8", "replace"), reply.exit_code, reply.duration_s),
+            feed.last - begin)
+        return True
+
+    def _requeue_and_restart(self, gen: _Generation, slot: int, feed: _Feed, jobs: deque[int],
+                             lost: list[int]) -> bool:
+        """Put `lost` and the jobs still in flight back at the front of `jobs` (in order) and
+        restart the worker; False when it cannot be restarted."""
+        jobs.extendleft(reversed(lost + [j for j, _ in feed.inflight]))
+        feed.inflight.clear()
+        if not self._refeed(gen, slot, feed):  # killed: restarts
+            return False
+        feed.last = time.monotonic()
+        return True
+
+    def _refeed(self, gen: _Generation, slot: int, feed: _Feed) -> bool:
+        """A quiet worker in `slot` for `feed` (`_ensure_quiet`); False when there is none."""
+        handle = self._ensure_quiet(gen, slot)
+        if handle is None:
+            return False
+        feed.handle = handle
+        return True
 
     @staticmethod
     def _oom_since_last(gen: _Generation, slot: int, handle: WorkerHandle) -> bool:

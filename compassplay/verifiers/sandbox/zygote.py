@@ -70,7 +70,33 @@ class Zygote:
     """One warm interpreter that forks a fresh, locked-down child per run."""
 
     def __init__(self, cfg: dict) -> None:
+        """Start the zygote, in this order (each step binds every later fork): the settings,
+        the process's own locks, resource limits, what every program inherits (environment,
+        seccomp filter, umask, groups), the programs' prepared interpreter state, the sizes
+        the supervisor measures against, the scratch space, then a frozen, trimmed heap."""
+        import ctypes
+
         self.cfg = cfg
+        roots = self._read_settings(cfg)
+        self._libc = ctypes.CDLL(None, use_errno=True)  # prctl, malloc_trim
+        self._lock_process()
+        self._set_limits()
+        self._set_inheritance()
+        self._prepare_programs()
+        self._measure_kernel()
+        self._open_bookkeeping()
+        self._prepare_scratch(roots)
+        self.healthy = True
+        # Called before anything that may take long (a run past the fast wait, a wipe, a sweep
+        # of leftovers): `main` makes it send the replies held back for a batch.
+        self.before_long_wait: Callable[[], None] = lambda: None
+        self._touched = False  # whether the last run touched the scratch space (`Scratch.touched`)
+        self._freeze_heap()
+
+    # ---------------------------------------------------------------- start-up steps
+    def _read_settings(self, cfg: dict) -> tuple[str, ...]:
+        """Isolation, the run's uid/gid, scratch path and limits (fsize in bytes) from `cfg`;
+        returns the scratch roots."""
         self.isolated = bool(cfg["isolated"])
         self.setuid = bool(cfg.get("setuid", self.isolated))
         self.uid = int(cfg.get("uid", -1)) if self.setuid else os.getuid()
@@ -80,40 +106,51 @@ class Zygote:
         self.nproc = int(cfg.get("nproc", 32))
         self.fsize = int(cfg.get("fsize_mb", 16)) * 1024 * 1024
         self.nofile = int(cfg.get("nofile", 256))
-        import ctypes
+        return tuple(roots)
 
-        libc = ctypes.CDLL(None, use_errno=True)
+    def _lock_process(self) -> None:
+        """Isolated: pid 1 of its namespace, loopback down if asked, not dumpable; else the
+        subreaper of its runs. No SIGINT handler either way."""
         if self.isolated:
             if os.getpid() != 1:
                 raise SystemExit("isolated zygote must be pid 1 of its own pid namespace")
-            if cfg.get("loopback_down"):
-                sandbox_kernel.loopback_down(libc)
+            if self.cfg.get("loopback_down"):
+                sandbox_kernel.loopback_down(self._libc)
             # Same-uid programs (rootless mode) must not read or write our memory via /proc.
-            libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+            self._libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
         else:
-            libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+            self._libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # pid 1 only receives signals it has handlers for: keep none (Python installs SIGINT;
         # programs inherit SIG_DFL too, so SIGINT ends them like any fatal signal).
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        # Limits that do not depend on the request bind the zygote too (harmless: its process
-        # count is tiny, and in root mode it is exempt) and are inherited by every run.
+
+    def _set_limits(self) -> None:
+        """Limits that do not depend on the request bind the zygote too (harmless: its process
+        count is tiny, and in root mode it is exempt) and are inherited by every run."""
         limits = [(resource.RLIMIT_FSIZE, self.fsize), (resource.RLIMIT_CORE, 0),
                   (resource.RLIMIT_NOFILE, self.nofile)]
         if self.isolated:  # unisolated, the count would include all the host user's processes
             limits.append((resource.RLIMIT_NPROC, self.nproc))
         for which, value in limits:
             resource.setrlimit(which, (value, value))
+
+    def _set_inheritance(self) -> None:
+        """What every fork inherits: the programs' environment, the seccomp filter (when
+        configured), umask 077 and no supplementary groups (setuid mode)."""
         seed = os.environ.get("PYTHONHASHSEED", "0")  # the one this interpreter runs with
         os.environ.clear()  # the programs' environment (no LD_BIND_NOW), inherited by every fork
         os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.scratch,
                            "TMPDIR": self.scratch, "LANG": "C.UTF-8", "PYTHONHASHSEED": seed})
-        if cfg.get("seccomp"):
+        if self.cfg.get("seccomp"):
             sandbox_seccomp = sys.modules["sandbox_seccomp"]  # preloaded by the bootstrap
             sandbox_seccomp.install(sandbox_seccomp.build_filter())  # inherited by every run
         os.umask(0o077)  # the programs' umask, inherited (the zygote only makes 0700 dirs)
         if self.setuid:
             os.setgroups([])  # no supplementary groups here, so none in any run
-        # stdio objects built once on fds 0-2 (/dev/null here; the run's pipes in the child)
+
+    def _prepare_programs(self) -> None:
+        """The programs' stdio objects (built once on fds 0-2: /dev/null here, the run's pipes
+        in the child), a warmed-up child path, their argv and __main__, and their uid."""
         stdio = (
             io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8"),
             io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
@@ -124,11 +161,18 @@ class Zygote:
         sandbox_child.warm_up(stdio)  # before the freeze: ~15 fewer child page faults a run
         self.main = sandbox_child.prepare(stdio)  # the programs' stdio, argv and __main__
         self.child_uid = self.uid if self.setuid else None
+
+    def _measure_kernel(self) -> None:
+        """Sizes the supervisor measures runs against: this process's anonymous RSS (kB), a
+        socket's buffer and a pipe's capacity (bytes)."""
         self.base_anon_kb = sandbox_kernel.status_number(os.getpid(), b"RssAnon:")
         self.socket_bytes = 2 * sandbox_kernel.read_int("/proc/sys/net/core/wmem_default",
                                                         212992)
         # the most one open fd can hold in a pipe (16 pages: the filter refuses F_SETPIPE_SZ)
         self.pipe_bytes = 16 * os.sysconf("SC_PAGE_SIZE")
+
+    def _open_bookkeeping(self) -> None:
+        """The poller, the 'alone' flag and (isolated) this pid namespace's ns_last_pid."""
         self._poller = select.poll()
         self._clean = True  # no process here but the zygote (see `_alone_with`)
         self._last_pid_fd = -1
@@ -138,20 +182,22 @@ class Zygote:
                                             os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
                 pass
+
+    def _prepare_scratch(self, roots: tuple[str, ...]) -> None:
+        """The programs' scratch space under `roots`, fresh (SystemExit when it cannot be)."""
         self.state = sandbox_scratch.Scratch(
             roots, self.uid if self.setuid else None, self.gid, count_bytes=self.isolated,
-            wipe_budget_s=float(cfg.get("wipe_budget_s", sandbox_scratch.WIPE_BUDGET_S)))
+            wipe_budget_s=float(self.cfg.get("wipe_budget_s", sandbox_scratch.WIPE_BUDGET_S)))
         if not self.state.fresh:
             raise SystemExit(f"cannot prepare the sandbox's scratch space under {roots}")
-        self.healthy = True
-        # Called before anything that may take long (a run past the fast wait, a wipe, a sweep
-        # of leftovers): `main` makes it send the replies held back for a batch.
-        self.before_long_wait: Callable[[], None] = lambda: None
-        self._touched = False  # whether the last run touched the scratch space (`Scratch.touched`)
+
+    def _freeze_heap(self) -> None:
+        """Collect and freeze the heap (a child's collections never walk, and copy, the
+        zygote's pages), then hand freed heap back (fewer resident pages per fork)."""
         gc.collect()
-        gc.freeze()  # the child's collections never walk (and copy) the zygote's pages
-        try:  # hand freed heap back: fewer resident pages for every fork to map and copy
-            libc.malloc_trim(0)
+        gc.freeze()
+        try:
+            self._libc.malloc_trim(0)
         except AttributeError:  # not glibc
             pass
 
