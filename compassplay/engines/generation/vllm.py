@@ -8,6 +8,9 @@ Weights are updated in place in the running engine through `vllm_worker.WeightSy
 (``LLM(worker_extension_cls=...)`` + ``LLM.collective_rpc``), each update through vLLM's
 layerwise reload (the load its own weight-transfer engines use):
 
+One method per transport, each a call of its function in `vllm_weights` (the RPCs, in one
+place) inside `_load` (wake, check every worker's version, wake the KV cache):
+
 * `load_weights(state, version)` (object store, and the local executor; every platform): the
   tensors travel in the RPC itself as raw bytes (`sync.buckets.encode_named`), `bucket_bytes`
   at a time;
@@ -44,11 +47,13 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from compassplay.config import ConfigError
+from compassplay.engines.generation import vllm_weights as weight_sync
 from compassplay.engines.generation.base import (
     GenerationEngine,
     SamplingParams,
@@ -66,7 +71,6 @@ from compassplay.engines.generation.vllm_support import (  # noqa: F401 - re-exp
     vllm_device,
 )
 from compassplay.records import Generation
-from compassplay.sync.buckets import encode_named
 from compassplay.sync.pynccl import SYNC_TIMEOUT_S
 
 WORKER_EXTENSION = "compassplay.engines.generation.vllm_worker.WeightSyncWorkerExtension"
@@ -246,7 +250,8 @@ class VLLMGenerationEngine(GenerationEngine):
         return gens
 
     # ------------------------------------------------------------------ weight updates
-    def _load(self, version: int, transfer) -> None:
+    # one line per transport; the RPCs of each are in `vllm_weights`
+    def _load(self, version: int | None, transfer: Callable[[], list[int]]) -> None:
         """Wake the weights, run `transfer()` (the RPCs; returns each worker's version), take
         `version` only if every worker returned it, then wake the KV cache."""
         with self._lock:
@@ -287,23 +292,15 @@ class VLLMGenerationEngine(GenerationEngine):
         older version."""
         with self._lock:
             check_version(self._version, version)
-
-            def transfer() -> list[int]:
-                parts = list(buckets(state, self.bucket_bytes))
-                got: list[int] = []
-                for i, part in enumerate(parts):
-                    got = self._rpc("compassplay_load_tensors", encode_named(part), version, i == 0,
-                                    i == len(parts) - 1)
-                return got
-
-            self._load(version, transfer)
+            self._load(version, lambda: weight_sync.object_store(self._rpc, state, version,
+                                                                 self.bucket_bytes))
 
     def load_weights_ipc(self, path: str, version: int) -> None:
         """Colocated path: load the handles a producer (the learner) published at `path`."""
         self._gpu_only("learner.weight_sync=ipc")
         with self._lock:
             check_version(self._version, version)
-            self._load(version, lambda: self._rpc("compassplay_load_ipc", path, version))
+            self._load(version, lambda: weight_sync.ipc(self._rpc, path, version))
 
     def init_weight_broadcast(self, host: str, port: int, rank_offset: int,
                               world_size: int, timeout_s: float = SYNC_TIMEOUT_S) -> list[int]:
@@ -312,12 +309,8 @@ class VLLMGenerationEngine(GenerationEngine):
         rank_offset .. rank_offset + TP*PP - 1; returns the ranks joined. `timeout_s`: how
         long a worker waits for a broadcast (`sync.pynccl`)."""
         self._gpu_only("learner.weight_sync=nccl")
-        ranks = self._rpc("compassplay_join_group", host, port, rank_offset, world_size,
-                          float(timeout_s))
-        if sorted(ranks) != list(range(rank_offset, rank_offset + len(ranks))):
-            raise RuntimeError(f"vLLM workers joined the weight-sync group as ranks {ranks}, "
-                               f"expected {rank_offset}..{rank_offset + len(ranks) - 1}")
-        return ranks
+        return weight_sync.join_nccl_group(self._rpc, host, port, rank_offset, world_size,
+                                           timeout_s)
 
     def receive_weights_broadcast(self, version: int | None = None, src: int = 0,
                                   bucket_bytes: int = 256 << 20) -> None:
@@ -325,8 +318,7 @@ class VLLMGenerationEngine(GenerationEngine):
         (None: whatever the broadcast's header says, if not older than the one held). The
         workers always drain the broadcast (the group stays in step)."""
         self._gpu_only("learner.weight_sync=nccl")
-        self._load(version, lambda: self._rpc("compassplay_receive_broadcast", version, src,
-                                              bucket_bytes))
+        self._load(version, lambda: weight_sync.nccl(self._rpc, version, src, bucket_bytes))
 
     def shutdown(self) -> None:
         """Stop vLLM's engine-core and worker processes (the engine is unusable after)."""
