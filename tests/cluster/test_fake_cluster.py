@@ -73,7 +73,8 @@ def test_the_autoscaler_adds_each_node_type_on_demand_and_removes_idle_ones(fake
                                     "gpu_worker": 1}
     for p in probes.values():
         ray.kill(p)
-    wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE}, 90)
+    wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE},
+             180)
 
 
 @pytest.mark.slow
@@ -125,4 +126,5 @@ def test_a_run_places_each_role_on_its_node_type(fake_cluster, tmp_path):
         # proposals (gpu_worker) are validated on python_verifier nodes: copied across
         assert t["stages"]["propose"]["cross_node_bytes"] > 0 and t["cross_node_bytes"] > 0
         assert t["driver_share"] < 0.1
-    wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE}, 90)
+    wait_for("idle worker nodes removed", lambda: set(_alive(fake_cluster)) == {HEAD_TYPE},
+             180)

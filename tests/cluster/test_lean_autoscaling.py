@@ -121,7 +121,7 @@ def test_the_lean_fleet_grows_onto_nodes_the_autoscaler_adds_and_shrinks_with_th
     png = plot_lean_fleet(tmp_path / "ray")
     assert png is not None and png.stat().st_size > 10_000
     wait_for("idle worker nodes removed", lambda: set(alive_nodes_by_type(
-        ray.nodes(), fake_cluster.node_types)) == {HEAD_TYPE}, 90)
+        ray.nodes(), fake_cluster.node_types)) == {HEAD_TYPE}, 180)
 
 
 class LeanNodeKiller(threading.Thread):

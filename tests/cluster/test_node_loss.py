@@ -72,7 +72,7 @@ def test_a_verifier_node_lost_mid_run_is_replaced_and_nothing_is_lost(fake_clust
     assert set(left[0]["roles"]) == {"verifier-0", "verifier-1"}
     assert any(e["event"] == "joined" and e["node_type"] == "python_verifier" for e in events)
     wait_for("idle worker nodes removed", lambda: set(alive_nodes_by_type(
-        ray.nodes(), fake_cluster.node_types)) == {HEAD_TYPE}, 90)
+        ray.nodes(), fake_cluster.node_types)) == {HEAD_TYPE}, 180)
 
 
 def test_the_learners_node_lost_mid_run_rolls_back_and_ends_equal(fake_cluster, local_rows,
