@@ -14,6 +14,6 @@ Modules (one purpose each; no Ray import, so a Ray actor can hold an `Evaluator`
     evaluator    Evaluator(model, tokenizer, benchmarks, data_dir, ...).evaluate()
     model_spec   `--model` resolution (local dir, run checkpoint, hub id, smollm2, tiny)
     commands     `compassplay eval ...` argument wiring
-    report, report_data, report_plots   `compassplay report RUN_DIR ...`
+    report/      `compassplay report RUN_DIR ...` (build: tables and files; data: runs; plots)
     reference_build        `compassplay reference build ...`
 """

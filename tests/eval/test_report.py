@@ -8,7 +8,7 @@ import pytest
 
 from compassplay.cli import main
 from compassplay.commands.plot import plot_run
-from compassplay.eval.report_data import arm_name, load_run
+from compassplay.eval.report.data import arm_name, load_run
 from tests.eval.runs import make_run
 
 

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from compassplay.eval.report import build_report
-from compassplay.eval.report_data import load_run
+from compassplay.eval.report.data import load_run
 from compassplay.rundir.runlog import read_metrics
 from tests.eval.conftest import CRUX
 

@@ -1,20 +1,5 @@
-"""`compassplay report RUN_DIR [RUN_DIR ...] [--baseline ARM] [--group-by name|reward] --out DIR`
-
-Writes into DIR: report.md (tables and notes a person can read without opening JSON),
-summary.json (the same numbers), and PNG figures: accuracy against step and against
-cumulative compute, reward distributions and distinct reward values per batch (eligible
-candidates), the reference loss against step and compute, Lean coverage, copy and rename
-rates. A figure whose fields are missing is skipped with a note in report.md.
-
-Tables follow the paper: per benchmark, each run's mean accuracy over the final quarter of its
-training (eval records with step >= 3/4 of the run's last step), then the mean over the arm's
-runs (seeds) +- the sample s.d.; a domain Mean column (the mean of the run's benchmarks, then
-over seeds); a "Base model" row from step-0 evaluations when there are any; and the gain of
-each arm over the `--baseline` arm. Each arm is also compared with the baseline paired by seed
-(`compassplay.eval.paired`: per-seed differences, a bootstrap interval, a sign-flip p and the
-smallest p its number of seeds allows), on every benchmark, the Mean and every logged curve.
-Arms: see `compassplay.eval.report_data`.
-"""
+"""The report's tables, sections and files (`build_report`) and its CLI entry (`run`); what it
+writes: the package docstring."""
 
 from __future__ import annotations
 
@@ -26,7 +11,7 @@ from pathlib import Path
 from compassplay.eval.benchmarks import BENCHMARKS
 from compassplay.eval.eval_records import CURVE_FIELDS
 from compassplay.eval.paired import paired_diff
-from compassplay.eval.report_data import FINAL_FRACTION, Run, Stat, group_runs, load_run, stat
+from compassplay.eval.report.data import FINAL_FRACTION, Run, Stat, group_runs, load_run, stat
 
 DOMAIN_TITLES = {"code": "In-domain coding accuracy (%)",
                  "math": "Out-of-domain mathematics accuracy (%)", "other": "Other (%)"}
@@ -217,7 +202,7 @@ def _cell4(s: Stat | None) -> str:
 def build_report(run_dirs: list[str], out: str | Path, baseline: str | None = None,
                  group_by: str = "name") -> Path:
     """Write report.md, summary.json and the figures into `out`; returns report.md's path."""
-    from compassplay.eval import report_plots
+    from compassplay.eval.report import plots as report_plots
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

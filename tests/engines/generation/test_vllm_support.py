@@ -1,5 +1,5 @@
 """`cpu_scheduler_kwargs`: on vLLM's CPU platform chunked prefill is off and one step's token
-budget covers the longest prompt (the real engine's run: tests/engines/test_vllm.py)."""
+budget covers the longest prompt (the real engine's run: tests/engines/generation/test_vllm.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from compassplay.engines.training.advantages import (
     trajectory_advantages,
 )
 
-from .helpers import make_traj
+from tests.engines.helpers import make_traj
 
 
 def test_hand_computed_groups():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from compassplay.eval.benchmarks import BENCHMARKS
 from compassplay.eval.eval_records import COST_FIELD, CURVE_FIELDS
-from compassplay.eval.report_data import Run, cost_at, stat
+from compassplay.eval.report.data import Run, cost_at, stat
 
 
 def _plt():

@@ -15,7 +15,7 @@ from compassplay.engines.training.deepspeed import (
     check_deepspeed_version,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _cfg(**kw) -> SimpleNamespace:

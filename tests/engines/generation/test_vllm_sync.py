@@ -1,6 +1,6 @@
 """The vLLM weight-update protocol against a fake engine (tests/engines/fake_vllm.py) that
 encodes RPC arguments and wraps worker errors as vLLM does; the NCCL group runs over gloo.
-The same protocol against real vLLM (CPU build): tests/engines/test_vllm.py."""
+The same protocol against real vLLM (CPU build): tests/engines/generation/test_vllm.py."""
 
 from __future__ import annotations
 

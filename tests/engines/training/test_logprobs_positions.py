@@ -57,7 +57,7 @@ def test_a_wrapped_module_takes_the_full_path():
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_other_architectures_agree_too(arch):
-    from tests.engines.test_static_decoder import tiny
+    from tests.engines.generation.test_static_decoder import tiny
 
     model = tiny(arch)
     b = _batch()
