@@ -10,7 +10,6 @@ from compassplay.engines.training.advantages import (
     group_normalized,
     trajectory_advantages,
 )
-
 from tests.engines.helpers import make_traj
 
 
