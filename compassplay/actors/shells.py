@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from compassplay.actors.lean.fleet_actor import FleetLeanPool
 from compassplay.actors.whereabouts import here
 from compassplay.config import RunConfig
 from compassplay.engines.training.dist import RankInfo, rendezvous
@@ -106,7 +107,6 @@ class VerifierActor(_Shell):
         def make() -> VerifierWorker:
             if lean_fleet is None:
                 return VerifierWorker(cfg)
-            from compassplay.actors.lean.fleet_actor import FleetLeanPool
             return VerifierWorker(cfg, backend=FleetLeanPool(lean_fleet, cfg.verifiers.lean))
         self._build(make)
 

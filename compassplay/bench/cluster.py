@@ -37,7 +37,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from compassplay.actors.whereabouts import here
 from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, node_type_of, wait_for
+from compassplay.config import load_config
+from compassplay.errors import RunInterrupted
+from compassplay.executors.interrupt import StopRequest
 from compassplay.rundir.runlog import METRICS_FILE, comparable_steps, read_metrics
 
 log = logging.getLogger(__name__)
@@ -142,7 +146,6 @@ def probe_placement(cluster: FakeCluster, timeout_s: float = 180.0) -> dict[str,
     @ray.remote(num_cpus=0.25)
     class Probe:
         def where(self) -> str:
-            from compassplay.actors.whereabouts import here
             return here()["node_type"]
 
     asks = {t: a for t, a in PROBE_ASKS.items() if t in cluster.node_types}
@@ -224,11 +227,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     """Start the cluster, measure, stop it; returns the JSON-ready figures."""
     import ray
 
-    from compassplay.config import load_config
-    from compassplay.errors import RunInterrupted
-    from compassplay.executors.interrupt import StopRequest
-    from compassplay.executors.local import LocalExecutor
-    from compassplay.executors.ray.driver import run_pipeline
+    from compassplay.executors.local import LocalExecutor  # lazy: pulls torch
+    from compassplay.executors.ray.driver import run_pipeline  # lazy: pulls torch
 
     if args.steps < 2:
         raise ValueError(f"--steps must be >= 2 (a kill after step 0, a resume after step 1), "

@@ -36,9 +36,12 @@ from typing import Any
 import torch
 
 from compassplay.bench import roofline
+from compassplay.bench.decode_dtype import code_prompts, compare_decode_dtypes
 from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, ModelSection
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.vllm import VLLMGenerationEngine, import_vllm
 
 MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="smollm2-gguf")}
 
@@ -62,18 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _engine(kind: str, name: str, device: str, seed: int,
             workdir: str) -> tuple[GenerationEngine, int]:
     """(engine, vocab size) for model `name`; vLLM loads it from a copy saved in `workdir`."""
-    from compassplay.models import load_model
+    from compassplay.models import load_model  # lazy: pulls transformers
 
     model, tok = load_model(MODELS[name], seed=seed)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     if kind in ("hf", "hf-module", "hf-bf16"):
-        from compassplay.engines.generation.hf import HFGenerationEngine
-
         decoder = {"hf": "auto", "hf-module": "hf", "hf-bf16": "static"}[kind]
         return HFGenerationEngine(model.to(device), tok, eos_token_id=-1, decoder=decoder,
                                   decode_dtype="bfloat16" if kind == "hf-bf16" else "model"
                                   ), vocab
-    from compassplay.engines.generation.vllm import VLLMGenerationEngine, import_vllm
 
     import_vllm()  # fail before writing anything
     model.save_pretrained(workdir)
@@ -85,7 +85,7 @@ def _engine(kind: str, name: str, device: str, seed: int,
 def machine_bound(name: str, args: argparse.Namespace) -> dict[str, Any]:
     """The weight stream and the prefill-shaped matmul rate for model `name`, measured now,
     with the call's bounds (`roofline.generation_bounds`)."""
-    from compassplay.models import load_model
+    from compassplay.models import load_model  # lazy: pulls transformers
 
     model, _ = load_model(MODELS[name], seed=args.seed)
     shape = roofline.shape_of(model)
@@ -133,8 +133,6 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
     sec = statistics.median(times)
     shift = None
     if kind == "hf-bf16":
-        from compassplay.bench.decode_dtype import code_prompts, compare_decode_dtypes
-
         shift = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore[attr-defined]
             engine.tokenizer, args.batch_size, args.prompt_tokens),  # type: ignore[attr-defined]
             min(args.new_tokens, 64))

@@ -37,6 +37,11 @@ import torch
 
 from compassplay.bench import model_shapes
 from compassplay.bench import scorer as scorer_bench
+from compassplay.config import LearnerSection
+from compassplay.engines.factory import make_learner
+from compassplay.engines.generation.base import SamplingParams
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.records import Trajectory
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -104,16 +109,13 @@ def scorer_part(args: argparse.Namespace, shape: str) -> dict:
 
 
 def _tokenizer():
-    from compassplay.models.byte_tokenizer import build_byte_tokenizer
+    from compassplay.models.byte_tokenizer import build_byte_tokenizer  # lazy: pulls tokenizers
 
     return build_byte_tokenizer()
 
 
 def generate_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
     """HF engine on `dev`: `--gen-batch` prompts, `--gen-tokens` new tokens each (EOS off)."""
-    from compassplay.engines.generation.base import SamplingParams
-    from compassplay.engines.generation.hf import HFGenerationEngine
-
     model = model_shapes.build(args.gen_shape, scorer_bench.DTYPES[args.dtype], dev, seed=0)
     engine = HFGenerationEngine(model, _tokenizer(), eos_token_id=[])
     gen = torch.Generator().manual_seed(3)
@@ -137,9 +139,6 @@ def generate_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> di
 
 def learn_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
     """One PolicyLearner step (torch backend) on the generated samples, rewards alternating."""
-    from compassplay.config import LearnerSection
-    from compassplay.engines.factory import make_learner
-
     trajs = _trajectories(keep, "learner")
     model = keep["model"]
     learner = make_learner(LearnerSection(lr=1e-5, micro_batch=4), model, total_steps=1)
@@ -161,8 +160,6 @@ def deepspeed_part(args: argparse.Namespace, dev: torch.device, keep: dict,
 
     if importlib.util.find_spec("deepspeed") is None:
         return {"skipped": "DeepSpeed is not installed"}
-    from compassplay.config import LearnerSection
-    from compassplay.engines.factory import make_learner
 
     trajs = _trajectories(keep, "deepspeed")
     dtype = scorer_bench.DTYPES[args.dtype]
@@ -201,8 +198,6 @@ def deepspeed_part(args: argparse.Namespace, dev: torch.device, keep: dict,
 
 def _trajectories(keep: dict, part: str) -> list:
     """The generate part's samples as solver trajectories, rewards alternating 0/1."""
-    from compassplay.records import Trajectory
-
     if keep.get("gens") is None:
         raise RuntimeError(f"the {part} check needs the generate part's samples")
     return [Trajectory(generation=g, reward=float(i % 2), role="solver", task_type="deduction")

@@ -25,7 +25,7 @@ import ray
 
 from compassplay.actors.placement import ActorSet
 from compassplay.config import load_config
-from compassplay.executors.ray.driver import Pipeline
+from compassplay.executors.ray.driver import Pipeline, run_pipeline
 from compassplay.executors.ray.session import init_ray
 from compassplay.records import StepStats
 from compassplay.step.graph import StageCall
@@ -115,8 +115,6 @@ def stand_in_bench(args: argparse.Namespace) -> dict:
 
 
 def real_bench(args: argparse.Namespace) -> dict:
-    from compassplay.executors.ray.driver import run_pipeline
-
     cfg = load_config(args.config, [f"pipeline.steps={args.steps}",
                                     f"pipeline.staleness={args.staleness}",
                                     "logging.progress=false"])

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from compassplay.commands.summary import run_summary
+from compassplay.config import load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,8 +31,7 @@ def run(args: argparse.Namespace) -> dict:
     """Run (or read) the run; returns the JSON-ready figures."""
     if args.run_dir:
         return {"run_dir": args.run_dir, "wall_s": None, **run_summary(Path(args.run_dir))}
-    from compassplay.commands.launch import launch_run
-    from compassplay.config import load_config
+    from compassplay.commands.launch import launch_run  # lazy: pulls torch
 
     cfg = load_config(args.config, args.overrides)
     t0 = time.perf_counter()

@@ -39,6 +39,12 @@ from typing import Any
 import torch
 
 from compassplay.bench import roofline
+from compassplay.bench.stdout_guard import stdout_to_stderr
+from compassplay.config import load_config
+from compassplay.engines.generation import hf as hf_generation
+from compassplay.engines.generation.base import generate_grouped
+from compassplay.engines.training import learner
+from compassplay.rewards import batch as score_batch
 
 GENERATION_STAGES = {"propose": "proposer", "solve": "solver"}
 
@@ -88,11 +94,7 @@ def spec_layers(spec: str | list[str], layers: int) -> int:
 def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
     """Wrap the engine's generate, the learner's log-probs and the scorer's losses so that
     each call appends its shapes to `ledger` (and, with `baseline`, runs the old paths)."""
-    from compassplay.engines.generation import hf as hf_generation
-    from compassplay.engines.generation.base import generate_grouped
-    from compassplay.engines.training import learner
-    from compassplay.rewards import batch as score_batch
-    from compassplay.rewards import gradient, per_sample
+    from compassplay.rewards import gradient, per_sample  # lazy: pulls transformers
 
     loss_users = (score_batch, gradient, per_sample)  # each holds its own name for it
 
@@ -182,8 +184,7 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
 
 
 def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
-    from compassplay.commands.launch import launch_run
-    from compassplay.config import load_config
+    from compassplay.commands.launch import launch_run  # lazy: pulls transformers
 
     overrides = [f"pipeline.steps={args.steps}", "logging.progress=false", *args.overrides]
     ledger = Ledger()
@@ -242,8 +243,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compassplay.bench.stdout_guard import stdout_to_stderr
-
     parser = argparse.ArgumentParser(prog="compassplay bench step", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)

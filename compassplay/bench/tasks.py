@@ -25,11 +25,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from compassplay.config import TaskSection
+from compassplay.config import ModelSection, TaskSection
+from compassplay.engines.generation.base import SamplingParams
+from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code.programs import values_equal
 from compassplay.envs.code.solver_rewards import gold_answer
 from compassplay.records import Attempt, Task
+from compassplay.step.prompting import prompt_ids
+from compassplay.verifiers.sandbox.pool import PythonSandbox
 
 TYPES = ("deduction", "abduction", "induction")
 
@@ -105,8 +109,6 @@ def _crux_tasks(data_dir: str, n: int) -> list[Task]:
 
 
 def _make_runner(args: argparse.Namespace):
-    from compassplay.verifiers.sandbox.pool import PythonSandbox
-
     return PythonSandbox(workers=args.workers, timeout_s=args.timeout_s, memory_mb=512,
                          max_output_bytes=65536, isolation=args.isolation)
 
@@ -132,9 +134,6 @@ def run_throughput(args: argparse.Namespace) -> dict[str, Any]:
 def _generate(engine, tok, prompts: list[str], prefix: str, max_new_tokens: int,
               args: argparse.Namespace, seed: int, template: tuple = ()) -> list:
     """Completions (after the prefilled `prefix`) built exactly as the self-play stages do."""
-    from compassplay.engines.generation.base import SamplingParams
-    from compassplay.step.prompting import prompt_ids
-
     ids = [prompt_ids(tok, p, prefix) for p in prompts]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=args.temperature,
                             top_p=0.95, seed=seed, template=template)
@@ -148,9 +147,7 @@ def run_smollm2(args: argparse.Namespace) -> dict[str, Any]:
     """Fraction of valid SmolLM2 proposals and its solve rate, per task type."""
     import torch
 
-    from compassplay.config import ModelSection
-    from compassplay.engines.generation.hf import HFGenerationEngine
-    from compassplay.models.loading import load_model
+    from compassplay.models.loading import load_model  # lazy: pulls transformers
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     model, tok = load_model(ModelSection(source="smollm2-gguf"))

@@ -15,14 +15,18 @@ from __future__ import annotations
 from typing import Any
 
 from compassplay.config import ConfigError, RunConfig
+from compassplay.eval.benchmarks import find_data
+from compassplay.eval.reference_build import problem_hash
+from compassplay.plan.memory import plan_memory
+from compassplay.plan.resources import bundle_plan, requests
+from compassplay.rewards.reference_set import ReferenceFormatError, load_reference
+from compassplay.sync.gpu_members import check_exclusive_gpus, check_ipc_colocation
 
 
 def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
     """What the run would build, as a JSON-able dict; ConfigError at the first problem."""
-    from compassplay.eval.reference_build import problem_hash
-    from compassplay.rewards.reference_set import ReferenceFormatError, load_reference
-    from compassplay.step.heldout import heldout_rows
-    from compassplay.workers.builders import make_env
+    from compassplay.step.heldout import heldout_rows  # lazy: pulls torch
+    from compassplay.workers.builders import make_env  # lazy: pulls torch
 
     out: dict[str, Any] = {"run": cfg.run.name, "domain": cfg.task.domain,
                            "task_types": list(cfg.task.types), "reward": cfg.reward.kind}
@@ -56,16 +60,12 @@ def dry_run(cfg: RunConfig, executor: str = "ray") -> dict[str, Any]:
         out["soar_heldout_items"] = len(rows)
     if cfg.eval.every_steps:
         out["eval_data"] = _eval_data(cfg)
-    from compassplay.plan.memory import plan_memory
-    from compassplay.sync.gpu_members import check_exclusive_gpus, check_ipc_colocation
 
     if executor == "ray":  # (the local executor syncs in process, on one device)
         check_exclusive_gpus(cfg)  # NCCL: no two ranks of one communicator on one GPU
         check_ipc_colocation(cfg)  # CUDA IPC: the learner and vLLM generators on one GPU
     out["memory_plan"] = plan_memory(cfg, executor).to_dict()  # ConfigError: does not fit
     if executor == "ray":
-        from compassplay.plan.resources import bundle_plan, requests
-
         plan = requests(cfg)
         packed = bundle_plan(cfg)
         if packed is not None:
@@ -92,8 +92,6 @@ def _describe_env(env: Any) -> dict[str, Any]:
 
 def _eval_data(cfg: RunConfig) -> dict[str, str]:
     """Each evaluation benchmark: its data file, or why it would be skipped."""
-    from compassplay.eval.benchmarks import find_data
-
     data_dir = cfg.eval.data_dir or None
     out = {}
     for name in cfg.eval.benchmarks:

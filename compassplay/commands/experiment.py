@@ -33,7 +33,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from compassplay.commands import selection_experiment, utility_experiment
+from compassplay.commands.selection_experiment import run_selection
+from compassplay.commands.utility_experiment import run_utility
 from compassplay.config import load_config
+from compassplay.eval.benchmarks import find_data
+from compassplay.eval.report import build_report
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +78,6 @@ EXPERIMENTS = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from compassplay.commands import selection_experiment, utility_experiment
-
     p.add_argument("name", choices=sorted([*EXPERIMENTS, "utility", "selection"]),
                    help="a comparison of arms (full RL runs), 'utility' (does the cosine rank "
                         "candidates by how much a step on them teaches; "
@@ -100,8 +103,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def held_out_benchmark(data_dir: str) -> str:
     """cruxeval-o when its data file is in `data_dir`, else the packaged humaneval."""
-    from compassplay.eval.benchmarks import find_data
-
     return "cruxeval-o" if data_dir and find_data("cruxeval-o", data_dir)[0] else "humaneval"
 
 
@@ -182,15 +183,9 @@ def _run_one(base: str, overrides: list[str], log_path: Path, timeout_s: float) 
 
 
 def run(args: argparse.Namespace) -> int:
-    from compassplay.eval.report import build_report
-
     if args.name == "utility":
-        from compassplay.commands.utility_experiment import run_utility
-
         return run_utility(args)
     if args.name == "selection":
-        from compassplay.commands.selection_experiment import run_selection
-
         return run_selection(args)
     exp = EXPERIMENTS[args.name]
     base = args.base or exp.base

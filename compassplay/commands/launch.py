@@ -54,7 +54,7 @@ def _execute(cfg: RunConfig, executor: str, run_dir: Path, resume: str | None,
     if executor == "local":
         from tqdm import tqdm
 
-        from compassplay.executors.local import LocalExecutor
+        from compassplay.executors.local import LocalExecutor  # lazy: pulls prometheus_client
 
         ex = LocalExecutor(cfg, run_dir, resume=bool(resume))
         bar = tqdm(total=cfg.pipeline.steps, initial=ex.start_step, desc="self-play steps",
@@ -70,7 +70,7 @@ def _execute(cfg: RunConfig, executor: str, run_dir: Path, resume: str | None,
         finally:
             bar.close()
     else:
-        from compassplay.executors.ray.driver import run_pipeline
+        from compassplay.executors.ray.driver import run_pipeline  # lazy: pulls ray
 
         with stop.deferred():
             run_pipeline(cfg, run_dir, resume=bool(resume), stop=stop)

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from compassplay.commands.utility_experiment import read_rows
 from compassplay.config import ConfigError, load_config
 
 log = logging.getLogger(__name__)
@@ -149,9 +150,9 @@ def paired(diffs: list[float], perms: int = 10000, seed: int = 0) -> dict:
 def endpoint_sets(tok, data: Path, reference_prompts: list[str], args: argparse.Namespace,
                   seed: int) -> dict[str, list]:
     """The endpoints' examples: held-out MATH (as the utility experiment), CRUXEval-O, GSM8K."""
-    from compassplay.commands.utility_measure import heldout_math
-    from compassplay.rewards.batch import Example
-    from compassplay.step.prompting import chat_ids, target_ids
+    from compassplay.commands.utility_measure import heldout_math  # lazy: keeps the CLI start light
+    from compassplay.rewards.batch import Example  # lazy: keeps the CLI start light
+    from compassplay.step.prompting import chat_ids, target_ids  # lazy: keeps the CLI start light
 
     out = {PRIMARY: heldout_math(tok, data / "math_solutions.jsonl", reference_prompts,
                                  args.heldout_items, args.max_target_tokens, seed)}
@@ -180,9 +181,12 @@ def train_drops(model: torch.nn.Module, tasks: list[dict], state: dict | None, l
                 pad: int) -> dict[str, float]:
     """`steps` AdamW steps (continuing `state`, or fresh) on the mean over `tasks` of each
     task's mean solution loss; the endpoints' drops; the weights put back."""
-    from compassplay.rewards.batch import Example
-    from compassplay.rewards.soar import mean_loss
-    from compassplay.rewards.utility import learner_adamw, restored
+    from compassplay.rewards.batch import Example  # lazy: keeps the CLI start light
+    from compassplay.rewards.soar import mean_loss  # lazy: keeps the CLI start light
+    from compassplay.rewards.utility import (  # lazy: keeps the CLI start light
+        learner_adamw,
+        restored,
+    )
 
     with restored(model):
         params = [p for p in model.parameters() if p.requires_grad]
@@ -201,10 +205,9 @@ def train_drops(model: torch.nn.Module, tasks: list[dict], state: dict | None, l
 
 def run_selection(args: argparse.Namespace) -> int:
     """The whole experiment; returns the exit code."""
-    from compassplay.commands.utility_experiment import read_rows
-    from compassplay.commands.utility_measure import load_start
-    from compassplay.rewards.fixed_set_loss import FixedSetLoss
-    from compassplay.rewards.reference_set import load_reference
+    from compassplay.commands.utility_measure import load_start  # lazy: keeps the CLI start light
+    from compassplay.rewards.fixed_set_loss import FixedSetLoss  # lazy: keeps the CLI start light
+    from compassplay.rewards.reference_set import load_reference  # lazy: keeps the CLI start light
 
     if not args.source:
         raise ConfigError("--from: the selection experiment needs the folder of a measured "
@@ -260,7 +263,9 @@ def run_selection(args: argparse.Namespace) -> int:
             log.info("[%d/%d] subpool %d %s: held-out drop %+.3g (%.1f s)", len(done), total, i,
                      arm, drops[PRIMARY], time.time() - t)
     summary = summarize(out, design, before, time.time() - t0)
-    from compassplay.commands.selection_report import write_report
+    from compassplay.commands.selection_report import (
+        write_report,  # lazy: keeps the CLI start light
+    )
 
     print(f"selection experiment: {len(pools)} subpools; report: {write_report(out, summary)}")
     return 0

@@ -84,7 +84,7 @@ def format_summary(summary: dict, run_dir: str | Path, plot: Path | None = None)
 
 def final_model(run_dir: str | Path) -> Path | None:
     """The newest complete checkpoint's model/ folder (None when the run has none)."""
-    from compassplay.rundir.checkpoint import MODEL_DIR, latest_checkpoint
+    from compassplay.rundir.checkpoint import MODEL_DIR, latest_checkpoint  # lazy: pulls torch
 
     ckpt = latest_checkpoint(run_dir)
     return ckpt / MODEL_DIR if ckpt is not None and (ckpt / MODEL_DIR).is_dir() else None

@@ -96,11 +96,11 @@ def run_utility(args: argparse.Namespace) -> int:
         log.error("only %d eligible candidates after %d steps: nothing to rank", len(pool),
                   args.max_steps)
         return 1
-    from compassplay.commands.utility_measure import measure
+    from compassplay.commands.utility_measure import measure  # lazy: keeps the CLI start light
 
     measure(cfg, pool[:args.candidates], data, out, args, out / ROWS_FILE)
     summary = summarize([out, *map(Path, args.also)], out, base, args, time.time() - t0)
-    from compassplay.commands.utility_report import write_report
+    from compassplay.commands.utility_report import write_report  # lazy: keeps the CLI start light
 
     report = write_report(out, summary)
     print(f"utility experiment: {summary['n']} candidates; report: {report}")
@@ -115,11 +115,16 @@ def collect_pool(cfg: RunConfig, path: Path, want: int, max_steps: int) -> list[
     if len(pool) >= want:
         log.info("pool: %d candidates in %s (kept)", len(pool), path)
         return pool
-    from compassplay.executors.local import InProcess
-    from compassplay.step.graph import submit_step
-    from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
-    from compassplay.workers.scorer_worker import ScorerWorker
-    from compassplay.workers.verifier_worker import VerifierWorker
+    from compassplay.executors.local import InProcess  # lazy: keeps the CLI start light
+    from compassplay.step.graph import submit_step  # lazy: keeps the CLI start light
+    from compassplay.workers.generator_workers import (  # lazy: keeps the CLI start light
+        ProposerWorker,
+        SolverWorker,
+    )
+    from compassplay.workers.scorer_worker import ScorerWorker  # lazy: keeps the CLI start light
+    from compassplay.workers.verifier_worker import (
+        VerifierWorker,  # lazy: keeps the CLI start light
+    )
 
     workers = {"proposer": [ProposerWorker(cfg)], "solver": [SolverWorker(cfg)],
                "verifier": [VerifierWorker(cfg)], "scorer": [ScorerWorker(cfg)],
@@ -164,7 +169,7 @@ def read_rows(dirs: list[Path]) -> list[dict]:
 def summarize(dirs: list[Path], out: Path, base: str, args: argparse.Namespace,
               wall_s: float) -> dict:
     """DIR/summary.json from the candidates.jsonl of `dirs` (see `utility_analysis`)."""
-    from compassplay.commands.utility_analysis import analyse
+    from compassplay.commands.utility_analysis import analyse  # lazy: keeps the CLI start light
 
     summary = {"config": base, "overrides": list(args.overrides), "wall_s": wall_s,
                "dirs": [str(d) for d in dirs], **analyse(read_rows(dirs))}

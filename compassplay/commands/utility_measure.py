@@ -53,6 +53,24 @@ from pathlib import Path
 import torch
 
 from compassplay.config import ConfigError, RunConfig
+from compassplay.eval.reference_build import problem_hash, read_file, select
+from compassplay.rewards.batch import Example
+from compassplay.rewards.fixed_set_loss import FixedSetLoss
+from compassplay.rewards.functions import token_jaccard
+from compassplay.rewards.preconditioner import adamw_metric, metric_cosine, metric_inner
+from compassplay.rewards.reference_set import load_reference
+from compassplay.rewards.utility import (
+    adamw_delta,
+    direction_delta,
+    grad_norm,
+    loss_gradient,
+    predicted_drop,
+    sgd_delta,
+    step_drops,
+)
+from compassplay.rundir.checkpoint import MANIFEST, latest_checkpoint
+from compassplay.step.prompting import chat_ids, reference_examples, target_ids
+from compassplay.workers.builders import freeze_except
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +93,6 @@ class StartPoint:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A checkpoint folder (`step_*` with COMPLETE), or the latest one of a run folder."""
-    from compassplay.rundir.checkpoint import MANIFEST, latest_checkpoint
-
     p = Path(path)
     if (p / MANIFEST).is_file():
         return p
@@ -93,8 +109,7 @@ def load_start(cfg: RunConfig, checkpoint: str | None) -> StartPoint:
     hold one moment pair per trainable parameter, of the same shapes."""
     from safetensors.torch import load_file
 
-    from compassplay.warmup.bootstrap import load_policy
-    from compassplay.workers.builders import freeze_except
+    from compassplay.warmup.bootstrap import load_policy  # lazy: pulls transformers
 
     model, tok = load_policy(cfg)
     # float32 on the first GPU when there is one (never run on a GPU: at 7B that is 28 GB of
@@ -131,8 +146,6 @@ def load_start(cfg: RunConfig, checkpoint: str | None) -> StartPoint:
 
 def adamw_metric_of(state: dict | None, n: int) -> list[torch.Tensor] | None:
     """AdamW's metric M per trainable parameter from an optimizer state (None: none)."""
-    from compassplay.rewards.preconditioner import adamw_metric
-
     if state is None:
         return None
     group = state["param_groups"][0]
@@ -153,22 +166,6 @@ def measure(cfg: RunConfig, pool: list[dict], data: Path, out: Path,
             args: argparse.Namespace, rows_path: Path) -> None:
     """Scores and utilities of every pool candidate not yet in `rows_path` (appended as each is
     measured: a rerun continues)."""
-    from compassplay.rewards.batch import Example
-    from compassplay.rewards.fixed_set_loss import FixedSetLoss
-    from compassplay.rewards.functions import token_jaccard
-    from compassplay.rewards.preconditioner import metric_cosine, metric_inner
-    from compassplay.rewards.reference_set import load_reference
-    from compassplay.rewards.utility import (
-        adamw_delta,
-        direction_delta,
-        grad_norm,
-        loss_gradient,
-        predicted_drop,
-        sgd_delta,
-        step_drops,
-    )
-    from compassplay.step.prompting import reference_examples
-
     done = {json.loads(x)["task_id"] for x in rows_path.read_text().splitlines() if x.strip()} \
         if rows_path.is_file() else set()
     todo = [c for c in pool if c["task_id"] not in done]
@@ -244,10 +241,6 @@ def heldout_math(tok, data: Path, reference_prompts: list[str], n: int, max_targ
                  seed: int):
     """`n` MATH problems (chat prompt -> worked solution cut to `max_target` tokens), none in
     the reference set or MATH500."""
-    from compassplay.eval.reference_build import problem_hash, read_file, select
-    from compassplay.rewards.batch import Example
-    from compassplay.step.prompting import chat_ids, target_ids
-
     rows, _ = select(read_file(data), n, seed,
                      exclude={problem_hash(p) for p in reference_prompts})
     return [Example(chat_ids(tok, r["problem"]), target_ids(tok, r["solution"])[:max_target])
@@ -266,9 +259,6 @@ def _dir_length(rows_path: Path, model: torch.nn.Module, pool: list[dict], pad: 
                 eta: float) -> float:
     """The direction step's length: the one already used in `rows_path`, else eta x the median
     gradient norm of the pool's first 8 candidates."""
-    from compassplay.rewards.batch import Example
-    from compassplay.rewards.utility import grad_norm, loss_gradient
-
     if rows_path.is_file():
         for line in rows_path.read_text().splitlines():
             if line.strip():

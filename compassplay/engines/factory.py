@@ -8,6 +8,8 @@ from typing import Any
 import torch
 
 from compassplay.engines.generation.base import GenerationEngine
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.vllm import VLLMGenerationEngine
 from compassplay.engines.training.dist import RankInfo
 from compassplay.engines.training.learner import PolicyLearner, Slot
 
@@ -33,11 +35,11 @@ def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None 
         for m in models.values():
             enable_gradient_checkpointing(m)
     if cfg.backend == "torch":
-        from compassplay.engines.training.torch_learner import TorchSlot
+        from compassplay.engines.training.torch_learner import TorchSlot  # lazy: pulls safetensors
 
         slots: dict[str, Slot] = {k: TorchSlot(m, cfg, total_steps) for k, m in models.items()}
     elif cfg.backend == "deepspeed":
-        from compassplay.engines.training.deepspeed import DeepSpeedSlot
+        from compassplay.engines.training.deepspeed import DeepSpeedSlot  # lazy: pulls safetensors
 
         slots = {k: DeepSpeedSlot(m, cfg, total_steps, dist) for k, m in models.items()}
     else:
@@ -51,14 +53,10 @@ def make_generation_engine(kind: str, model: Any, tokenizer: Any = None,
     """kind "hf": `model` is a transformers module; kind "vllm": `model` is an HF directory or
     hub id that vLLM loads itself (GPU only; extra kwargs go to `VLLMGenerationEngine`)."""
     if kind == "hf":
-        from compassplay.engines.generation.hf import HFGenerationEngine
-
         if tokenizer is None:
             raise ValueError("engine 'hf' needs a tokenizer")
         return HFGenerationEngine(model, tokenizer, **kwargs)
     if kind == "vllm":
-        from compassplay.engines.generation.vllm import VLLMGenerationEngine
-
         return VLLMGenerationEngine(model, tokenizer=tokenizer, **kwargs)
     raise ValueError(f"engine: unknown generation engine {kind!r} (expected 'hf' or 'vllm')")
 

@@ -103,7 +103,7 @@ def _print_table(results: list[EvalResult]) -> None:
 
 
 def _grade_predictions(args: argparse.Namespace) -> int:
-    from compassplay.eval.grader import Grader, grade_file
+    from compassplay.eval.grader import Grader, grade_file  # lazy: keeps the CLI start light
 
     if not args.benchmark:
         print(f"error: --predictions needs --benchmark, one of {', '.join(BENCHMARKS)}",
@@ -147,9 +147,9 @@ def run(args: argparse.Namespace) -> int:
     files = _data_files(args.data_file)
     import torch
 
-    from compassplay.eval.evaluator import Evaluator
-    from compassplay.eval.grader import Grader
-    from compassplay.eval.model_spec import load_eval_model
+    from compassplay.eval.evaluator import Evaluator  # lazy: keeps the CLI start light
+    from compassplay.eval.grader import Grader  # lazy: keeps the CLI start light
+    from compassplay.eval.model_spec import load_eval_model  # lazy: keeps the CLI start light
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

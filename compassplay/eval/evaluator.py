@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams
+from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.eval import eval_prompts
 from compassplay.eval.benchmarks import BENCHMARKS, check_name, find_data, load_items
 from compassplay.eval.eval_records import EvalItem, EvalResult
@@ -56,8 +57,6 @@ class Evaluator:
         self.data_dir, self.data_files = data_dir, data_files or {}
         self.batch_size, self.max_new_tokens, self.limit = batch_size, max_new_tokens, limit
         if engine is None:
-            from compassplay.engines.generation.hf import HFGenerationEngine
-
             engine = HFGenerationEngine(model, tokenizer)
         self.engine = engine
         self._grader, self._own_grader = grader or Grader(), grader is None

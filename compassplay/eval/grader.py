@@ -19,6 +19,7 @@ from compassplay.eval.eval_records import EvalItem, EvalResult, Grade, ItemOutco
 from compassplay.eval.math_grading import MathGrader
 from compassplay.eval.pass_at_k import binomial_stderr
 from compassplay.eval.provenance import file_sha256
+from compassplay.verifiers.sandbox.pool import PythonSandbox
 
 
 class Grader:
@@ -33,8 +34,6 @@ class Grader:
 
     def runner(self) -> CodeRunner:
         if self._runner is None:
-            from compassplay.verifiers.sandbox.pool import PythonSandbox
-
             self._runner = PythonSandbox(workers=self.workers, timeout_s=self.timeout_s,
                                          memory_mb=512).start()
         return self._runner

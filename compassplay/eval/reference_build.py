@@ -24,6 +24,8 @@ import re
 import sys
 from pathlib import Path
 
+from compassplay.eval.loaders import read_rows
+
 MATH500_HASHES = Path(__file__).resolve().parents[1] / "data" / "math500_problem_hashes.txt"
 
 
@@ -41,8 +43,6 @@ def math500_hashes() -> set[str]:
 
 
 def read_file(path: str | Path) -> list[dict]:
-    from compassplay.eval.loaders import read_rows
-
     if not Path(path).is_file():
         raise SourceError(f"--from: file not found: {path}")
     return read_rows(path)
@@ -144,7 +144,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from compassplay.rewards.reference_set import load_reference
+    from compassplay.rewards.reference_set import load_reference  # lazy: keeps the CLI start light
 
     if args.n < 1:
         print("error: --n must be >= 1", file=sys.stderr)

@@ -47,7 +47,7 @@ from compassplay.sync.gpu_members import (
     gather_device_ids,
 )
 from compassplay.sync.identity import device_id
-from compassplay.sync.pynccl import SYNC_TIMEOUT_S
+from compassplay.sync.pynccl import SYNC_TIMEOUT_S, vllm_broadcast_group
 from compassplay.sync.versions import StaleWeightsError, check_offered
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,6 @@ class NcclChannel:
         device = (torch.device("cuda", torch.cuda.current_device()) if backend == "nccl"
                   else torch.device("cpu"))
         if transport == "vllm":
-            from compassplay.sync.pynccl import vllm_broadcast_group
-
             comm: Any = vllm_broadcast_group(master_addr, master_port, rank, world_size, device,
                                              timeout_s=timeout_s)
         else:

@@ -23,6 +23,9 @@ from typing import Any
 
 import torch
 
+from compassplay.sync import identity
+from compassplay.sync.gpu_members import check_distinct_devices, gather_device_ids
+
 SYNC_TIMEOUT_S = 1800.0  # s a receiver waits for the next broadcast (torch transport: same)
 DATA_EXPIRATION_S = 3600  # vLLM's default: a header stays in the store at least this long
 
@@ -92,13 +95,10 @@ def vllm_broadcast_group(host: str, port: int, rank: int, world_size: int,
     NCCL's own init would fail on them."""
     from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
 
-    from compassplay.sync.gpu_members import check_distinct_devices, gather_device_ids
-    from compassplay.sync.identity import device_id
-
     group = vllm_store_group(host, port, rank, world_size, timeout_s)
     cuda = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     check_distinct_devices(gather_device_ids(VLLMBroadcaster(group, None), rank, world_size,
-                                             device_id(cuda)))
+                                             identity.device_id(cuda)))
     with _unpinned_nccl_env():
         comm = PyNcclCommunicator(group, device=device)
     check_enabled(comm, rank, world_size)

@@ -129,14 +129,17 @@ def vllm_model_path(cfg: RunConfig) -> str:
     """What vLLM loads itself: a local HF dir, a hub id, or SmolLM2 converted by the model
     cache (model.source=smollm2-gguf)."""
     if cfg.model.source == "smollm2-gguf":
-        from compassplay.models.loading import model_cache_dir, prepare_smollm2
+        from compassplay.models.loading import (  # lazy: pulls transformers
+            model_cache_dir,
+            prepare_smollm2,
+        )
 
         return str(prepare_smollm2(model_cache_dir(cfg.model)))
     if cfg.model.source not in ("local", "hub"):
         raise ConfigError("proposer/solver.engine=vllm needs model.source=local, hub or "
                           "smollm2-gguf (vLLM loads the weights itself)")
     if cfg.model.source == "local":
-        from compassplay.models.loading import resolve_local
+        from compassplay.models.loading import resolve_local  # lazy: pulls transformers
 
         return str(resolve_local(cfg.model.name_or_path))
     return cfg.model.name_or_path

@@ -31,7 +31,9 @@ from compassplay.step.messages import (
 from compassplay.step.prompting import novelty_tokens
 from compassplay.step.scoring import merge_shards, merge_soar, merge_utility
 from compassplay.step.timing import Timing, step_cost, timed
+from compassplay.sync import identity
 from compassplay.sync.channel import NcclChannel, open_channel
+from compassplay.sync.ipc import publish
 from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import (
     configure_torch,
@@ -146,9 +148,6 @@ class LearnerWorker:
         valid and unchanged until `release_ipc`, which the driver calls after every receiver
         loaded them: Ray runs this actor's calls in order, so the next learn() starts after
         it."""
-        from compassplay.sync.identity import device_id
-        from compassplay.sync.ipc import publish
-
         self.release_ipc()
         device = role_device(self.cfg, "learner")
         if device.type != "cuda":
@@ -159,7 +158,7 @@ class LearnerWorker:
         # the engines wake (weights, then KV cache) right after this: hand back the blocks
         # the learner's step left cached (DeepSpeed's partition cache, torch's allocator)
         self.release_cached_memory(always=True)
-        self._ipc = publish({device_id(device): state}, self.weight_version)
+        self._ipc = publish({identity.device_id(device): state}, self.weight_version)
         return self.weight_version, self._ipc.path
 
     def release_ipc(self, *loaded: int) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import ray
 
 from compassplay.actors.lean.verifier import LeanVerifier, lean_actor_options
+from compassplay.actors.startup import describe_cause
 from compassplay.verifiers.lean.pool import LeanCheck, as_check
 from compassplay.verifiers.lean.scaling import LeanScaler
 
@@ -144,7 +145,6 @@ class LeanFleet:
             try:
                 ray.get(ref)
             except Exception as exc:  # noqa: BLE001 -- reported by failure, once
-                from compassplay.actors.startup import describe_cause
                 self.failure = self.failure or describe_cause(exc)
             else:
                 self._start_waits.append(round(now - added, 3))

@@ -50,7 +50,7 @@ import torch
 from compassplay.sync.buckets import NCCLBroadcastSync, decode_named
 from compassplay.sync.identity import device_id
 from compassplay.sync.ipc import open_tensor, read_update
-from compassplay.sync.pynccl import SYNC_TIMEOUT_S
+from compassplay.sync.pynccl import SYNC_TIMEOUT_S, vllm_broadcast_group
 from compassplay.sync.versions import check_offered
 
 
@@ -71,8 +71,6 @@ class WeightSyncWorkerExtension:
         return int(get_world_group().rank)
 
     def _compassplay_join(self, host: str, port: int, rank: int, world_size: int) -> Any:
-        from compassplay.sync.pynccl import vllm_broadcast_group
-
         return vllm_broadcast_group(host, port, rank, world_size,
                                     self.device,  # type: ignore[attr-defined]
                                     timeout_s=self._compassplay_timeout_s)

@@ -202,7 +202,7 @@ def _cell4(s: Stat | None) -> str:
 def build_report(run_dirs: list[str], out: str | Path, baseline: str | None = None,
                  group_by: str = "name") -> Path:
     """Write report.md, summary.json and the figures into `out`; returns report.md's path."""
-    from compassplay.eval.report import plots as report_plots
+    from compassplay.eval.report import plots as report_plots  # lazy: keeps the CLI start light
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
