@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from ray.exceptions import GetTimeoutError
 
 from compassplay.bench.cluster import FAST_HEALTH_CHECKS, compare_runs
 from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_by_type, wait_for
@@ -143,6 +144,8 @@ class LeanNodeKiller(threading.Thread):
                     state = ray.get(ray.get_actor(self.fleet_name).state.remote(), timeout=10)
                 except ValueError:  # the fleet actor is not up yet
                     state = {"backlog": 0}
+                except GetTimeoutError:  # its lock is held by a poll (ray.nodes(), an idle
+                    continue             # actor's close): ask again, the deadline still holds
                 if state["backlog"] > 0 and state["actors"] > state["unplaced"]:
                     lean = {n["NodeID"]: n["Resources"]["lean_repl"] for n in ray.nodes()
                             if n.get("Alive") and "lean_repl" in n.get("Resources", {})}
