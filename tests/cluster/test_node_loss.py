@@ -112,7 +112,10 @@ def test_the_learners_node_lost_without_retries_stops_naming_it_and_resume_conti
     killer.join(timeout=10)
     assert killer.error is None and killer.killed, killer.error
     message = str(stopped.value)
-    assert "LearnerActor" in message and killer.killed[:12] in message, message
+    # the failed call is named when Ray's error names it (an in-flight LearnerActor call);
+    # a call to an actor already restarting fails as ActorUnavailableError, named by the roles
+    assert ("LearnerActor" in message or "ActorUnavailableError" in message) \
+        and killer.killed[:12] in message, message
     assert "(gpu_worker) left the cluster holding" in message and "learner" in message, message
     assert f"--resume {tmp_path}" in message, message
     # the error came within the health checks' bound of the kill, not after a hang
