@@ -99,7 +99,7 @@ class RunMetrics:
         self.nodes_lost = Counter("compassplay_nodes_lost", "Ray nodes that left the cluster "
                                   "during the run, by node type", ["node_type"], registry=r)
         self._last_runs: tuple[float, int] | None = None
-        self._node_types: set[tuple[str]] = set()
+        self._node_types: set[str] = set()  # every node type seen alive (gauged 0 once gone)
 
     @classmethod
     def for_run(cls, cfg) -> RunMetrics:
@@ -162,11 +162,11 @@ class RunMetrics:
 
     def observe_nodes(self, alive_by_type: dict[str, int], lost_types: list[str]) -> None:
         """The cluster's alive nodes per type now, and the types of nodes that just left."""
-        for kind in {k for (k,) in self._node_types} - set(alive_by_type):
+        for kind in self._node_types - set(alive_by_type):
             self.nodes.labels(kind).set(0)
         for kind, n in alive_by_type.items():
             self.nodes.labels(kind).set(n)
-        self._node_types |= {(k,) for k in alive_by_type}
+        self._node_types |= set(alive_by_type)
         for kind in lost_types:
             self.nodes_lost.labels(kind).inc()
 

@@ -248,8 +248,8 @@ class Pipeline:
         self.nodes.poll()
         self.failures[failed] = self.failures.get(failed, 0) + 1
         where = failed_call(exc)
-        lost = self.nodes.lost()
-        lost = f" ({lost})" if lost else ""
+        gone = self.nodes.lost()
+        lost = f" ({gone})" if gone else ""
         if is_fatal(exc):
             raise RunError(f"step {failed} failed in {where}: {describe_cause(exc)}{lost}"
                            ) from None
