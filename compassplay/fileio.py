@@ -1,4 +1,5 @@
-"""File helpers for the durable writes of checkpoints and the model cache."""
+"""File helpers for the durable writes of checkpoints and the model cache, and where that cache
+lives."""
 
 from __future__ import annotations
 
@@ -23,3 +24,11 @@ def fsync_path(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def default_cache_dir() -> Path:
+    """`$COMPASSPLAY_CACHE` or `$XDG_CACHE_HOME/compassplay` or `~/.cache/compassplay`."""
+    if os.environ.get("COMPASSPLAY_CACHE"):
+        return Path(os.environ["COMPASSPLAY_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "compassplay"

@@ -137,7 +137,8 @@ class LoggingSection(Section):
                                  "Prometheus on another host (e.g. a KubeRay head pod)")
     progress: bool = Field(True, description="tqdm progress bars for steps and stages")
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
-        "INFO", description="Python logging level of the driver")
+        "INFO", description="Python logging level of the driver and of every actor (an "
+        "actor's lines reach the driver's console through Ray's log forwarding)")
     tensorboard: bool = Field(True, description="TensorBoard event files in the run directory "
                               "with every scalar of metrics.jsonl (`tensorboard --logdir "
                               "runs`: one TensorBoard run per run directory)")

@@ -78,7 +78,8 @@ class SamplingSection(Section):
         "the weights' own; bfloat16: bfloat16 copies of the weights (float32 residual stream, "
         "norms, softmax and logits; measured against float32 in docs/measurements/"
         "decode-bf16-2026-12-06); auto: bfloat16 on a CPU whose bfloat16 matmuls are 1.25x "
-        "faster (measured at start-up and logged), else model")
+        "faster (measured once per machine, CPU, torch version and thread count, kept in "
+        "<cache>/decode_dtype.json and logged), else model")
     max_new_tokens: int = Field(128, ge=1, description="longest reply (tokens); a reply cut "
                                 "here is usually ill-formed")
     temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature (1 = "

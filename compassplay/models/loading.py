@@ -28,6 +28,7 @@ from transformers import (
 
 from compassplay.config import ModelSection, TinyModelConfig
 from compassplay.errors import RunError, require_extra
+from compassplay.fileio import default_cache_dir
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.models.cache import prepare_cached
 
@@ -40,14 +41,6 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class ModelNotFoundError(RunError, FileNotFoundError):
     """The requested weights are not available; the message says how to get them."""
-
-
-def default_cache_dir() -> Path:
-    """`$COMPASSPLAY_CACHE` or `$XDG_CACHE_HOME/compassplay` or `~/.cache/compassplay`."""
-    if os.environ.get("COMPASSPLAY_CACHE"):
-        return Path(os.environ["COMPASSPLAY_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "compassplay"
 
 
 def tiny_config(t: TinyModelConfig, vocab_size: int, pad_id: int, eos_id: int):

@@ -32,8 +32,14 @@ from compassplay.verifiers.sandbox.pool import PythonSandbox
 log = logging.getLogger(__name__)
 
 
-def configure_torch(cfg: RunConfig) -> None:
-    """Apply `run.torch_threads` (0 keeps torch's default, or Ray's per-actor OMP setting)."""
+def configure_process(cfg: RunConfig) -> None:
+    """Apply `run.torch_threads` (0 keeps torch's default, or Ray's per-actor OMP setting) and
+    `logging.level` to this process. An actor's process has no logging handler of its own, so
+    its INFO lines (the decode dtype chosen, a model built) would be dropped; given one, they
+    reach the driver's console through Ray's log forwarding."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(cfg.logging.level)
     if cfg.run.torch_threads:
         torch.set_num_threads(cfg.run.torch_threads)
 

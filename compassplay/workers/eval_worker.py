@@ -18,7 +18,7 @@ from compassplay.eval.evaluator import Evaluator
 from compassplay.step.graph import WeightsOffer
 from compassplay.step.timing import Timing, timed
 from compassplay.warmup.bootstrap import load_policy
-from compassplay.workers.builders import configure_torch, role_device, role_gpus
+from compassplay.workers.builders import configure_process, role_device, role_gpus
 from compassplay.workers.versioned import Versioned, Weights
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ class EvalWorker(Versioned):
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         e = cfg.eval
-        configure_torch(cfg)
+        configure_process(cfg)
         model, tok = load_policy(cfg)  # base model (+ bootstrap)
         self.gpus = role_gpus(cfg, "eval")
         model = model.eval().to(role_device(cfg, "eval"))

@@ -15,7 +15,7 @@ from compassplay.step.messages import (
 from compassplay.step.timing import timed
 from compassplay.warmup.bootstrap import bootstrap_weights, load_policy
 from compassplay.workers.builders import (
-    configure_torch,
+    configure_process,
     load_tokenizer,
     make_env,
     make_generator,
@@ -36,7 +36,7 @@ class _GeneratorWorker(Versioned):
     def __init__(self, cfg: RunConfig, section: SamplingSection, role: str) -> None:
         self.cfg, self.section = cfg, section
         self.gpus = role_gpus(cfg, role)
-        configure_torch(cfg)
+        configure_process(cfg)
         if section.engine == "vllm":
             model, self.tok = None, load_tokenizer(cfg)
         else:

@@ -36,7 +36,7 @@ from compassplay.sync.channel import NcclChannel, open_channel
 from compassplay.sync.ipc import publish
 from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import (
-    configure_torch,
+    configure_process,
     freeze_except,
     make_env,
     make_reference,
@@ -75,7 +75,7 @@ class LearnerWorker:
         self.cfg, self.dist = cfg, dist
         self.rank = dist.rank if dist is not None else 0
         self.run_dir = Path(run_dir)
-        configure_torch(cfg)
+        configure_process(cfg)
         self.model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
         self.model.to(role_device(cfg, "learner"))  # before the optimizer is built
         freeze_except(self.model, cfg.learner.trainable, "learner.trainable")

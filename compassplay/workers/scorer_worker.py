@@ -20,7 +20,7 @@ from compassplay.step.scoring import candidate_solutions
 from compassplay.step.timing import Timing, timed
 from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import (
-    configure_torch,
+    configure_process,
     make_env,
     make_reference,
     role_device,
@@ -49,7 +49,7 @@ class ScorerWorker(Versioned):
         self.cfg = cfg
         self.shard, self.num_shards = shard, num_shards
         self.gpus = role_gpus(cfg, "scorer")
-        configure_torch(cfg)
+        configure_process(cfg)
         model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
         # scorer.dtype on the actor's device (partials accumulate in float64)
         model = model.to(role_device(cfg, "scorer"), SCORER_DTYPES[cfg.scorer.dtype])

@@ -22,11 +22,8 @@ from typing import Any
 import torch
 
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams, check_version
-from compassplay.engines.generation.static_decoder import (
-    StaticDecoder,
-    resolve_decode_dtype,
-    unsupported_reason,
-)
+from compassplay.engines.generation.dtype_choice import resolve_decode_dtype
+from compassplay.engines.generation.static_decoder import StaticDecoder, unsupported_reason
 from compassplay.engines.generation.templating import TemplateCursor
 from compassplay.records import Generation
 

@@ -12,7 +12,7 @@ H hidden size, nh query heads, nkv key/value heads, d head dim, V vocabulary.
 `dtype` (default: the model's) is the weights' and the matmuls' dtype; the residual stream,
 norms, the decode steps' attention scores and softmax, and logits stay float32 (with bfloat16
 weights the matmuls accumulate in float32 inside oneDNN/cuBLAS and round their outputs to
-bfloat16). `resolve_decode_dtype` picks it from `SamplingSection.decode_dtype`: on a CPU with
+bfloat16). `dtype_choice.resolve_decode_dtype` picks it from `SamplingSection.decode_dtype`: on a CPU with
 native bfloat16 dot products (AVX512-BF16, AMX) bfloat16 weights halve the bytes a decode step
 reads and run the matmuls 2-3x faster than float32; on one without, bfloat16 is emulated and
 slower, so "auto" measures before it chooses.
@@ -20,18 +20,12 @@ slower, so "auto" measures before it chooses.
 
 from __future__ import annotations
 
-import logging
-import time
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-DECODE_DTYPES = ("model", "bfloat16", "auto")
-BF16_MARGIN = 1.25  # `auto` takes bfloat16 only when its decode matmuls are this much faster
-
-log = logging.getLogger(__name__)
 
 
 def unsupported_reason(model: torch.nn.Module) -> str | None:
@@ -51,64 +45,6 @@ def unsupported_reason(model: torch.nn.Module) -> str | None:
     if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "layers"):
         return "no model.layers / model.rotary_emb"
     return None
-
-
-def decode_matmul_seconds(model: torch.nn.Module, dtype: torch.dtype, rows: int = 16,
-                          reps: int = 5) -> float:
-    """Fastest of `reps` timings (s) of one block's decode matmuls (q/k/v, o, gate/up, down
-    at the model's shapes, x [rows, K]) in `dtype` on CPU, as `StaticDecoder` runs them
-    (float32 through MKL's packed weights when it has them)."""
-    cfg = model.config
-    hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
-    nh = cfg.num_attention_heads
-    nkv = getattr(cfg, "num_key_value_heads", None) or nh
-    d = getattr(cfg, "head_dim", None) or hidden // nh
-    shapes = [((nh + 2 * nkv) * d, hidden), (hidden, nh * d), (2 * inter, hidden),
-              (hidden, inter)]
-    g = torch.Generator().manual_seed(0)
-    ws = [torch.randn(shape, generator=g).to(dtype) for shape in shapes]
-    xs = [torch.randn((rows, shape[1]), generator=g).to(dtype) for shape in shapes]
-    packed = dtype == torch.float32 and torch.backends.mkl.is_available()
-    packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws] if packed else []
-
-    def once() -> None:
-        for i, (w, x) in enumerate(zip(ws, xs, strict=True)):
-            if packed:
-                torch.ops.mkl._mkl_linear(x, packs[i], w, None, rows)
-            else:
-                F.linear(x, w)
-
-    once()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        once()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def resolve_decode_dtype(choice: str, model: torch.nn.Module) -> torch.dtype | None:
-    """The static decoder's matmul dtype for `choice` (SamplingSection.decode_dtype): None for
-    "model" (the weights' own), bfloat16 for "bfloat16", and for "auto" bfloat16 when the
-    model's weights are float32 on a CPU whose bfloat16 decode matmuls are `BF16_MARGIN`
-    times faster than float32's (measured here once, about 0.1 s, and logged), else None."""
-    if choice not in DECODE_DTYPES:
-        raise ValueError(f"decode_dtype: unknown value {choice!r} (expected one of "
-                         f"{DECODE_DTYPES})")
-    if choice == "model":
-        return None
-    if choice == "bfloat16":
-        return torch.bfloat16
-    p = next(model.parameters())
-    if p.device.type != "cpu" or p.dtype != torch.float32 or unsupported_reason(model):
-        return None
-    fp32 = decode_matmul_seconds(model, torch.float32)
-    bf16 = decode_matmul_seconds(model, torch.bfloat16)
-    pick = torch.bfloat16 if fp32 >= BF16_MARGIN * bf16 else None
-    log.info("generation: decode matmuls take %.2f ms in float32 and %.2f ms in bfloat16 on "
-             "this CPU; decoding in %s", fp32 * 1e3, bf16 * 1e3,
-             "bfloat16" if pick is not None else "float32")
-    return pick
 
 
 @dataclass

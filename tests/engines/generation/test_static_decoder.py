@@ -4,6 +4,8 @@ greedy generations equal the module-forward decoder's; weights followed after th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -136,21 +138,48 @@ def test_bfloat16_decoding_stays_close_to_float32_and_keeps_sampling_valid(token
     assert engine._decoder.blocks[0].wgu.dtype == torch.bfloat16
 
 
-def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch):
-    from compassplay.engines.generation import static_decoder as sd
+def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch, tmp_path):
+    from compassplay.engines.generation import dtype_choice as dc
 
     model = tiny("llama")
-    assert sd.resolve_decode_dtype("model", model) is None
-    assert sd.resolve_decode_dtype("bfloat16", model) is torch.bfloat16
+    assert dc.resolve_decode_dtype("model", model) is None
+    assert dc.resolve_decode_dtype("bfloat16", model) is torch.bfloat16
     with pytest.raises(ValueError, match="decode_dtype"):
-        sd.resolve_decode_dtype("fp8", model)
+        dc.resolve_decode_dtype("fp8", model)
     timings = {torch.float32: 2.0, torch.bfloat16: 1.0}
-    monkeypatch.setattr(sd, "decode_matmul_seconds", lambda m, dtype: timings[dtype])
-    assert sd.resolve_decode_dtype("auto", model) is torch.bfloat16
+    calls = []
+    monkeypatch.setattr(dc, "decode_matmul_seconds", lambda m: calls.append(1) or dict(timings))
+    assert dc.resolve_decode_dtype("auto", model, tmp_path / "a") is torch.bfloat16
     timings[torch.float32] = 1.2  # under the 1.25x margin
-    assert sd.resolve_decode_dtype("auto", model) is None
+    assert dc.resolve_decode_dtype("auto", model, tmp_path / "b") is None
     timings[torch.float32] = 9.0
-    assert sd.resolve_decode_dtype("auto", tiny("gpt2")) is None  # no static decoder
-    assert sd.resolve_decode_dtype("auto", tiny("llama").to(torch.bfloat16)) is None
+    assert dc.resolve_decode_dtype("auto", tiny("gpt2"), tmp_path / "c") is None  # no static
+    assert dc.resolve_decode_dtype("auto", tiny("llama").to(torch.bfloat16), tmp_path / "c") \
+        is None
+    assert len(calls) == 2  # neither refusal measured
     monkeypatch.undo()
-    assert sd.decode_matmul_seconds(model, torch.float32, reps=2) > 0  # the real timing runs
+    t = dc.decode_matmul_seconds(model, reps=2)  # the real timing runs, both dtypes
+    assert t[torch.float32] > 0 and t[torch.bfloat16] > 0
+
+
+def test_decode_dtype_auto_is_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
+    """The first run's choice is written to the cache and every later one reads it, whatever
+    a later timing would say (the choice flipped between runs under load before)."""
+    from compassplay.engines.generation import dtype_choice as dc
+
+    model = tiny("llama")
+    timings = {torch.float32: 3.0, torch.bfloat16: 1.0}
+    calls = []
+    monkeypatch.setattr(dc, "decode_matmul_seconds", lambda m: calls.append(1) or dict(timings))
+    assert dc.resolve_decode_dtype("auto", model, tmp_path) is torch.bfloat16
+    timings[torch.bfloat16] = 9.0  # a later timing under load would pick float32
+    assert dc.resolve_decode_dtype("auto", model, tmp_path) is torch.bfloat16
+    assert len(calls) == 1
+    kept = json.loads((tmp_path / dc.CACHE_FILE).read_text())
+    (key, entry), = kept.items()
+    assert key == dc.machine_key(model) and "threads" in key and entry["dtype"] == "bfloat16"
+    assert entry["float32_ms"] == 3000.0 and entry["bfloat16_ms"] == 1000.0
+    (tmp_path / dc.CACHE_FILE).write_text("{not json")  # a damaged file is measured again
+    assert dc.resolve_decode_dtype("auto", model, tmp_path) is None
+    assert len(calls) >= 2
+    assert json.loads((tmp_path / dc.CACHE_FILE).read_text())[key]["dtype"] == "float32"

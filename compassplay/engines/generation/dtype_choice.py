@@ -1,0 +1,161 @@
+"""`SamplingSection.decode_dtype`: the static decoder's matmul dtype, and for "auto" the choice
+measured once per machine and kept.
+
+"auto" takes bfloat16 where this CPU's bfloat16 decode matmuls are `BF16_MARGIN` times faster
+than float32's (native bfloat16 dot products: AVX512-BF16, AMX), else the weights' own dtype.
+Timing at start-up alone made the choice differ between runs: under Ray the proposer and solver
+actors time while the other loads its model, and two threads per process on two cores turn a
+1.5 ms timing into 30-60 ms whenever the other process runs. So the two dtypes are timed
+interleaved (a burst of load hits both), the fastest of `REPS` is kept, and the result is
+written to `<cache>/decode_dtype.json` keyed by CPU, torch version, thread count and the
+model's block shapes: every later run on the machine reads the same choice (delete the file to
+measure again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from compassplay.engines.generation.static_decoder import unsupported_reason
+from compassplay.fileio import default_cache_dir
+
+DECODE_DTYPES = ("model", "bfloat16", "auto")
+BF16_MARGIN = 1.25  # `auto` takes bfloat16 only when its decode matmuls are this much faster
+REPS = 9  # interleaved timings per dtype; the fastest of each is compared
+CACHE_FILE = "decode_dtype.json"
+
+log = logging.getLogger(__name__)
+
+
+def _block_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
+    """[out, in] of one block's decode matmuls: fused q/k/v, o, fused gate/up, down."""
+    cfg = model.config
+    hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+    nh = cfg.num_attention_heads
+    nkv = getattr(cfg, "num_key_value_heads", None) or nh
+    d = getattr(cfg, "head_dim", None) or hidden // nh
+    return [((nh + 2 * nkv) * d, hidden), (hidden, nh * d), (2 * inter, hidden), (hidden, inter)]
+
+
+def decode_matmul_seconds(model: torch.nn.Module, rows: int = 16,
+                          reps: int = REPS) -> dict[torch.dtype, float]:
+    """Fastest of `reps` timings (s) of one block's decode matmuls (x [rows, in]) in float32
+    and in bfloat16 on CPU, as `StaticDecoder` runs them (float32 through MKL's packed weights
+    when it has them), the two dtypes timed in turn so that load from other processes meets
+    both alike."""
+    g = torch.Generator().manual_seed(0)
+    shapes = _block_shapes(model)
+    ws = [torch.randn(shape, generator=g) for shape in shapes]
+    xs = [torch.randn((rows, shape[1]), generator=g) for shape in shapes]
+    packed = torch.backends.mkl.is_available()
+    packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws] if packed else []
+    ws16 = [w.to(torch.bfloat16) for w in ws]
+    xs16 = [x.to(torch.bfloat16) for x in xs]
+
+    def fp32() -> None:
+        for i, (w, x) in enumerate(zip(ws, xs, strict=True)):
+            if packed:
+                torch.ops.mkl._mkl_linear(x, packs[i], w, None, rows)
+            else:
+                F.linear(x, w)
+
+    def bf16() -> None:
+        for w, x in zip(ws16, xs16, strict=True):
+            F.linear(x, w)
+
+    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
+    fp32(), bf16()  # warm-up: first calls pick kernels and pack
+    for _ in range(reps):
+        for dtype, run in ((torch.float32, fp32), (torch.bfloat16, bf16)):
+            t0 = time.perf_counter()
+            run()
+            best[dtype] = min(best[dtype], time.perf_counter() - t0)
+    return best
+
+
+def machine_key(model: torch.nn.Module) -> str:
+    """What the choice depends on: CPU model, torch version, torch threads, block shapes."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    shapes = ",".join(f"{o}x{i}" for o, i in _block_shapes(model))
+    return f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads | {shapes}"
+
+
+def _read(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        log.warning("generation: ignoring unreadable %s (%s); measuring again", path, exc)
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write(path: Path, key: str, entry: dict) -> None:
+    """Add `entry` under `key`, atomically (concurrent writers: the last rename wins whole)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read(path)
+        data[key] = entry
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError as exc:  # a read-only cache still decodes; it measures again next time
+        log.warning("generation: could not keep the decode dtype choice in %s (%s)", path, exc)
+
+
+def measured_choice(model: torch.nn.Module, cache_dir: Path | None = None) -> dict:
+    """The kept "auto" entry for this machine and model shape ({"dtype": "bfloat16" or
+    "float32", "float32_ms", "bfloat16_ms", "measured_at"}), measured and written first
+    where there is none."""
+    path = (cache_dir or default_cache_dir()) / CACHE_FILE
+    key = machine_key(model)
+    entry = _read(path).get(key)
+    if isinstance(entry, dict) and entry.get("dtype") in ("bfloat16", "float32"):
+        log.info("generation: decoding in %s (kept in %s for %s; delete it to measure again)",
+                 entry["dtype"], path, key)
+        return entry
+    t = decode_matmul_seconds(model)
+    fp32, bf16 = t[torch.float32], t[torch.bfloat16]
+    entry = {"dtype": "bfloat16" if fp32 >= BF16_MARGIN * bf16 else "float32",
+             "float32_ms": round(fp32 * 1e3, 4), "bfloat16_ms": round(bf16 * 1e3, 4),
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    _write(path, key, entry)
+    log.info("generation: decode matmuls take %.2f ms in float32 and %.2f ms in bfloat16 on "
+             "this CPU; decoding in %s (kept in %s)", fp32 * 1e3, bf16 * 1e3, entry["dtype"],
+             path)
+    return entry
+
+
+def resolve_decode_dtype(choice: str, model: torch.nn.Module,
+                         cache_dir: Path | None = None) -> torch.dtype | None:
+    """The static decoder's matmul dtype for `choice`: None for "model" (the weights' own),
+    bfloat16 for "bfloat16", and for "auto" bfloat16 when the model's weights are float32 on a
+    CPU where `measured_choice` found bfloat16 faster, else None."""
+    if choice not in DECODE_DTYPES:
+        raise ValueError(f"decode_dtype: unknown value {choice!r} (expected one of "
+                         f"{DECODE_DTYPES})")
+    if choice == "model":
+        return None
+    if choice == "bfloat16":
+        return torch.bfloat16
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32 or unsupported_reason(model):
+        return None
+    entry = measured_choice(model, cache_dir)
+    return torch.bfloat16 if entry["dtype"] == "bfloat16" else None
