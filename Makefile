@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.compassplay-installed
 CONSTRAINTS := deploy/constraints.txt
 EXTRAS := dev,demo,eval
 
-.PHONY: setup sysdeps run test lint bench clean constraints
+.PHONY: setup sysdeps run test test-slow test-all lint bench clean constraints
 
 $(STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh deploy/install_vllm.sh \
           $(CONSTRAINTS)
@@ -45,8 +45,18 @@ setup: $(STAMP) sysdeps
 run: setup
 	$(BIN)/compassplay run
 
+# The README's test command: every test not marked slow (unit and property tests, the real
+# tiny and SmolLM2 models, the sandbox as it runs, the Ray tests that take seconds).
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# The slow integration tier (pyproject's `slow` marker): multi-node clusters grown by Ray's
+# autoscaler, vLLM's CPU build, killed actors, nodes and drivers, the newcomer path on an empty
+# cache. CI (.ci/run) runs it after `make test`; so does `make test-all`.
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+test-all: test test-slow
 
 lint: setup
 	$(BIN)/ruff check compassplay tests

@@ -9,7 +9,10 @@ reports the stage's bound, measured in the same process (`bench.roofline`): FLOP
 matmul's rate at the stage's shapes, plus one weight stream per decode step for generation,
 and `fraction_of_bound` = bound / seconds. Generation's bound is float32's (the weights' own
 stream and float32 matmuls); when the engines decode in bfloat16 (`decode_dtype`), the bound of
-that work (a bfloat16 copy's stream, bfloat16 matmuls) is `generate_bf16` beside it. Counted FLOPs: 2 per weight per token for the
+that work (a bfloat16 copy's stream, bfloat16 matmuls) is `generate_bf16` beside it; when the
+learner runs under bfloat16 autocast (`learner.autocast`), `learn_bf16` is its bound with the
+blocks at the bfloat16 matmul rate and the float32 head at float32's. Counted FLOPs: 2 per
+weight per token for the
 blocks, the attention's score and value products, the vocabulary head where logits are taken;
 a backward costs twice the forward of the blocks it crosses plus the head's input gradient.
 Not counted: norms, rotary, softmax and other element-wise work, the verifiers (stages
@@ -68,6 +71,7 @@ class Ledger:
         self.shape: roofline.ModelShape | None = None
         self.model: torch.nn.Module | None = None
         self.decode_dtypes: set[str] = set()  # the generation engines' matmul dtypes
+        self.learn_dtypes: set[str] = set()  # the learner's autocast dtypes ("model": none)
 
 
 def _crossed_layers(model: torch.nn.Module, names: set[str] | None) -> int:
@@ -121,15 +125,16 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
             "steps": max((len(g.completion_ids) for g in out), default=0)})
         return out
 
-    def logprobs(model, input_ids, attention_mask, targets, positions=None):
+    def logprobs(model, input_ids, attention_mask, targets, positions=None, autocast=None):
         n_loss = int(positions.sum()) if positions is not None else targets.numel()
         if model.training and any(p.requires_grad for p in model.parameters()):
             ledger.calls["learn"].append({
                 "rows": int(input_ids.shape[0]), "width": int(input_ids.shape[1]),
                 "head_rows": targets.numel() if baseline or positions is None else n_loss,
                 "loss_rows": n_loss, "crossed": _crossed_layers(model, None)})
+            ledger.learn_dtypes.add(str(autocast or "model").removeprefix("torch."))
         return orig_lp(model, input_ids, attention_mask, targets,
-                       None if baseline else positions)
+                       None if baseline else positions, autocast)
 
     def losses(model, batch, all_logits=False, inputs_embeds=None):
         out = orig_loss(model, batch, all_logits, inputs_embeds)
@@ -155,10 +160,11 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
             mod.batch_losses = orig_loss
 
 
-def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: int
-                 ) -> dict[str, float]:
+def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: int,
+                 head_rate: float | None = None) -> dict[str, float]:
     """Bound seconds per stage from the ledger: "generate" (propose and solve together),
-    "learn", "score"."""
+    "learn", "score"; the learner's vocabulary-head FLOPs at `head_rate` where given (an
+    autocast learner keeps its head in float32), else at `rate`."""
     s = ledger.shape
     assert s is not None
     per_layer = s.block_params / s.layers
@@ -177,6 +183,9 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
     learn = sum(fwd(c["rows"], c["width"], c["head_rows"])
                 + bwd(c["rows"], c["width"], c["head_rows"], c["crossed"])
                 for c in ledger.calls["learn"]) / rate
+    if head_rate is not None:  # move the head's forward and backward FLOPs to head_rate
+        head = sum(4.0 * s.vocab * s.hidden * c["head_rows"] for c in ledger.calls["learn"])
+        learn += head / head_rate - head / rate
     score = sum(fwd(c["rows"], c["width"], c["head_rows"])
                 + (bwd(c["rows"], c["width"], c["head_rows"], score_crossed) if c["grad"]
                    else 0.0) for c in ledger.calls["score"]) / rate
@@ -203,10 +212,13 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
     rate = roofline.matmul_rate(2048, ledger.shape.hidden, inter)
     bounds = stage_bounds(ledger, stream, rate, spec_layers(cfg.scorer.params,
                                                             ledger.shape.layers))
+    if "bfloat16" in ledger.decode_dtypes | ledger.learn_dtypes:
+        rate16 = roofline.matmul_rate(2048, ledger.shape.hidden, inter, dtype=torch.bfloat16)
     if ledger.decode_dtypes == {"bfloat16"}:  # the bound of the work generation did
         stream16 = roofline.stream_seconds(copy.deepcopy(model).to(torch.bfloat16))
-        rate16 = roofline.matmul_rate(2048, ledger.shape.hidden, inter, dtype=torch.bfloat16)
         bounds["generate_bf16"] = stage_bounds(ledger, stream16, rate16, 0)["generate"]
+    if ledger.learn_dtypes == {"bfloat16"}:  # autocast blocks, float32 head
+        bounds["learn_bf16"] = stage_bounds(ledger, stream, rate16, 0, head_rate=rate)["learn"]
     stage = {k: sum(r["stage_seconds"].get(k, 0.0) for r in rows) for k in
              ("propose", "solve", "validate", "grade", "score", "learn")}
     gen_s = stage["propose"] + stage["solve"]
@@ -216,6 +228,7 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
         "step_seconds_median": statistics.median(r["step_seconds"] for r in rows),
         "stage_seconds": stage, "valid": [r["valid"] for r in rows],
         "decode_dtypes": sorted(ledger.decode_dtypes),
+        "learn_dtypes": sorted(ledger.learn_dtypes),
         "eligible": [r["eligible"] for r in rows],
         "weight_stream_s": stream, "matmul_gflop_per_s": rate / 1e9,
         "bound_s": bounds,
@@ -225,7 +238,9 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
                               "score": bounds["score"] / stage["score"] if stage["score"]
                               else None,
                               **({"generate_bf16": bounds["generate_bf16"] / gen_s}
-                                 if "generate_bf16" in bounds and gen_s else {})},
+                                 if "generate_bf16" in bounds and gen_s else {}),
+                              **({"learn_bf16": bounds["learn_bf16"] / stage["learn"]}
+                                 if "learn_bf16" in bounds and stage["learn"] else {})},
         "work": {k: len(v) for k, v in ledger.calls.items()}}
 
 

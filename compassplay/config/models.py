@@ -188,6 +188,13 @@ class LearnerSection(Section):
                                  "between uses (ZeRO-3 only)")
     micro_batch: int = Field(8, ge=1, description="trajectories per forward/backward pass "
                              "(gradients accumulate over passes; the memory knob)")
+    autocast: Literal["none", "bfloat16", "auto"] = Field(
+        "none", description="the learner's forward passes (policy and KL reference) under "
+        "torch.autocast: none = the weights' dtype; bfloat16 = matmuls on bfloat16-rounded "
+        "inputs accumulating in float32 (float32 weights, gradients, AdamW state, residual "
+        "stream, norms, vocabulary head and log-softmax; Llama/Qwen2/GPT-2); auto = bfloat16 "
+        "for float32 weights on a CPU whose bfloat16 matmuls are 1.25x faster (the choice "
+        "decode_dtype=auto keeps), else none")
     gradient_checkpointing: bool = Field(False, description="recompute each transformer "
                                          "block's activations in the backward pass instead of "
                                          "keeping them (about a third more compute; the "

@@ -26,17 +26,22 @@ def test_bench_step_micro_reports_each_stage_against_its_bound():
     # the same seed gives the same tasks whichever decoder runs
     assert out["valid"] == out["baseline_run"]["valid"]
     assert out["decode_dtypes"] == ["float32"] and "generate_bf16" not in out["bound_s"]
+    assert out["learn_dtypes"] == ["model"] and "learn_bf16" not in out["bound_s"]
 
 
 @pytest.mark.slow
-def test_bench_step_sets_bfloat16_generation_against_its_own_bound():
+def test_bench_step_sets_bfloat16_generation_and_learning_against_their_own_bounds():
     out = step.run(_args("--config", "micro_warm", "--steps", "1",
-                         "proposer.decode_dtype=bfloat16", "solver.decode_dtype=bfloat16"))
-    assert out["decode_dtypes"] == ["bfloat16"]
+                         "proposer.decode_dtype=bfloat16", "solver.decode_dtype=bfloat16",
+                         "learner.autocast=bfloat16"))
+    assert out["decode_dtypes"] == ["bfloat16"] and out["learn_dtypes"] == ["bfloat16"]
     assert 0 < out["bound_s"]["generate_bf16"]
     assert out["fraction_of_bound"]["generate_bf16"] == pytest.approx(
         out["bound_s"]["generate_bf16"] / (out["stage_seconds"]["propose"]
                                            + out["stage_seconds"]["solve"]))
+    assert 0 < out["bound_s"]["learn_bf16"] < out["bound_s"]["learn"]
+    assert out["fraction_of_bound"]["learn_bf16"] == pytest.approx(
+        out["bound_s"]["learn_bf16"] / out["stage_seconds"]["learn"])
 
 
 def test_backward_bound_counts_only_the_crossed_blocks():
@@ -52,6 +57,9 @@ def test_backward_bound_counts_only_the_crossed_blocks():
     # forward 2*400*2 + attention 4*4*2*4*3 + head 2*10*8; backward twice the blocks
     assert frozen == pytest.approx(1600 + 384 + 160 + 160)
     assert full - frozen == pytest.approx(2 * (1600 + 384))
+    # an autocast learner's float32 head (160 forward + 160 backward FLOPs) at its own rate
+    split = step.stage_bounds(ledger, 1e-3, 1.0, 0, head_rate=0.5)["learn"]
+    assert split == pytest.approx(full + 320)
 
 
 def test_spec_layers():

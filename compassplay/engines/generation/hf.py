@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
+from compassplay.engines.dtype_choice import resolve_decode_dtype
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams, check_version
-from compassplay.engines.generation.dtype_choice import resolve_decode_dtype
 from compassplay.engines.generation.static_decoder import StaticDecoder, unsupported_reason
 from compassplay.engines.generation.templating import TemplateCursor
 from compassplay.records import Generation

@@ -27,6 +27,7 @@ part in the gathers and return {} / write nothing.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 from abc import ABC, abstractmethod
@@ -36,11 +37,19 @@ from pathlib import Path
 
 import torch
 
+from compassplay.engines.dtype_choice import resolve_autocast
 from compassplay.engines.training.advantages import broadcast_to_tokens, trajectory_advantages
 from compassplay.engines.training.dist import sum_over_ranks
-from compassplay.engines.training.logprobs import pack, token_logprobs, token_logprobs_entropy
+from compassplay.engines.training.logprobs import (
+    pack,
+    token_logprobs,
+    token_logprobs_entropy,
+    unwrapped,
+)
 from compassplay.engines.training.policy_loss import ppo_loss
 from compassplay.records import Role, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -174,6 +183,13 @@ class PolicyLearner(Learner):
         self._version = 0
         first = next(iter(slots.values()))
         self.rank, self.world_size = first.rank, first.world_size
+        # the forward's autocast dtype (learner.autocast; None: the weights' own dtype)
+        self.autocast = resolve_autocast(getattr(cfg, "autocast", "none"),
+                                         unwrapped(first.module))
+        if self.autocast is not None:
+            log.info("learner: forward passes under torch.autocast(%s) (learner.autocast=%s); "
+                     "the vocabulary head and log-softmax stay float32",
+                     str(self.autocast).removeprefix("torch."), cfg.autocast)
 
     @property
     def weight_version(self) -> int:
@@ -243,14 +259,15 @@ class PolicyLearner(Learner):
             b = pack([trajs[i].generation for i in chunk], device=dev)
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
             logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],
-                                               b["targets"], b["mask"])
+                                               b["targets"], b["mask"], autocast=self.autocast)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref = token_logprobs(self.ref_model, b["input_ids"].to(self._ref_dev()),
                                          b["attention_mask"].to(self._ref_dev()),
                                          b["targets"].to(self._ref_dev()),
-                                         b["mask"].to(self._ref_dev())).to(dev)
+                                         b["mask"].to(self._ref_dev()),
+                                         autocast=self.autocast).to(dev)
             terms = ppo_loss(logp, b["old_logp"], a, b["mask"], self.cfg.clip_eps, ref,
                              self.cfg.kl_coef, normalizer=max(total, 1.0))
             slot.backward(terms.loss * (weight * self.world_size), last=c == len(mine) - 1)

@@ -44,10 +44,12 @@ def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device
 
 def token_logprobs(model: torch.nn.Module, input_ids: torch.Tensor,
                    attention_mask: torch.Tensor, targets: torch.Tensor,
-                   positions: torch.Tensor | None = None) -> torch.Tensor:
+                   positions: torch.Tensor | None = None,
+                   autocast: torch.dtype | None = None) -> torch.Tensor:
     """log p(targets[:, t] | input_ids[:, :t+1]) at temperature 1, float32 [B, L-1] (nats).
-    positions: see `token_logprobs_entropy`."""
-    return token_logprobs_entropy(model, input_ids, attention_mask, targets, positions)[0]
+    positions, autocast: see `token_logprobs_entropy`."""
+    return token_logprobs_entropy(model, input_ids, attention_mask, targets, positions,
+                                  autocast)[0]
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
@@ -73,7 +75,8 @@ def head_on_hidden(model: torch.nn.Module) -> bool:
 
 def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
                            attention_mask: torch.Tensor, targets: torch.Tensor,
-                           positions: torch.Tensor | None = None
+                           positions: torch.Tensor | None = None,
+                           autocast: torch.dtype | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`token_logprobs`, the policy's entropy at each position), both float32 [B, L-1] in
     nats at temperature 1; the entropy is detached (a logged statistic, no gradient).
@@ -81,18 +84,29 @@ def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
     positions: [B, L-1], nonzero where the values are needed (the completion tokens). Where
     the architecture allows (`head_on_hidden`) only those rows go through the vocabulary head
     and its log-softmax (a prompt of 500 tokens before a completion of 20 would otherwise be
-    ~96% of that work), and the other positions are 0; else every position is computed."""
+    ~96% of that work), and the other positions are 0; else every position is computed.
+
+    autocast: the base model's forward under `torch.autocast` in this dtype (its matmuls round
+    their inputs to it and accumulate in float32; the residual stream and norms of a Llama or
+    Qwen2 model stay float32), with the vocabulary head and log-softmax in float32 on the
+    float32 hidden states. Only on the `head_on_hidden` path, where the head can be kept out
+    of it: elsewhere the forward stays in the weights' dtype."""
     if positions is None or not head_on_hidden(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        use_cache=False).logits
         logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
         return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy_of(logp_all)
     model = unwrapped(model)
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                              use_cache=False).last_hidden_state
+    with torch.autocast(input_ids.device.type, dtype=autocast or torch.bfloat16,
+                        enabled=autocast is not None):
+        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                  use_cache=False).last_hidden_state
     sel = positions.bool()
-    logp_all = torch.log_softmax(model.get_output_embeddings()(hidden[:, :-1][sel]).float(),
-                                 dim=-1)                                   # [N, V]
+    head = model.get_output_embeddings()
+    rows = hidden[:, :-1][sel]
+    if autocast is not None:
+        rows = rows.to(head.weight.dtype)
+    logp_all = torch.log_softmax(head(rows).float(), dim=-1)              # [N, V]
     lp = logp_all.gather(-1, targets[sel][:, None]).squeeze(-1)
     zeros = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device)
     return zeros.masked_scatter(sel, lp), zeros.masked_scatter(sel, entropy_of(logp_all))

@@ -139,7 +139,7 @@ def test_bfloat16_decoding_stays_close_to_float32_and_keeps_sampling_valid(token
 
 
 def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch, tmp_path):
-    from compassplay.engines.generation import dtype_choice as dc
+    from compassplay.engines import dtype_choice as dc
 
     model = tiny("llama")
     assert dc.resolve_decode_dtype("model", model) is None
@@ -165,7 +165,7 @@ def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch, t
 def test_decode_dtype_auto_is_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
     """The first run's choice is written to the cache and every later one reads it, whatever
     a later timing would say (the choice flipped between runs under load before)."""
-    from compassplay.engines.generation import dtype_choice as dc
+    from compassplay.engines import dtype_choice as dc
 
     model = tiny("llama")
     timings = {torch.float32: 3.0, torch.bfloat16: 1.0}

@@ -1,5 +1,6 @@
-"""`SamplingSection.decode_dtype`: the static decoder's matmul dtype, and for "auto" the choice
-measured once per machine and kept.
+"""bfloat16 matmuls where this CPU runs them faster: `SamplingSection.decode_dtype` (the static
+decoder's matmul dtype) and `LearnerSection.autocast` (the learner's forward under
+`torch.autocast`), each "auto" read from one choice measured once per machine and kept.
 
 "auto" takes bfloat16 where this CPU's bfloat16 decode matmuls are `BF16_MARGIN` times faster
 than float32's (native bfloat16 dot products: AVX512-BF16, AMX), else the weights' own dtype.
@@ -28,6 +29,7 @@ from compassplay.engines.generation.static_decoder import unsupported_reason
 from compassplay.fileio import default_cache_dir
 
 DECODE_DTYPES = ("model", "bfloat16", "auto")
+AUTOCAST_CHOICES = ("none", "bfloat16", "auto")
 BF16_MARGIN = 1.25  # `auto` takes bfloat16 only when its decode matmuls are this much faster
 REPS = 9  # interleaved timings per dtype; the fastest of each is compared
 CACHE_FILE = "decode_dtype.json"
@@ -38,7 +40,8 @@ log = logging.getLogger(__name__)
 def _block_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
     """[out, in] of one block's decode matmuls: fused q/k/v, o, fused gate/up, down."""
     cfg = model.config
-    hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+    hidden = int(cfg.hidden_size)
+    inter = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)  # GPT-2: n_inner None
     nh = cfg.num_attention_heads
     nkv = getattr(cfg, "num_key_value_heads", None) or nh
     d = getattr(cfg, "head_dim", None) or hidden // nh
@@ -159,3 +162,22 @@ def resolve_decode_dtype(choice: str, model: torch.nn.Module,
         return None
     entry = measured_choice(model, cache_dir)
     return torch.bfloat16 if entry["dtype"] == "bfloat16" else None
+
+
+def resolve_autocast(choice: str, model: torch.nn.Module,
+                     cache_dir: Path | None = None) -> torch.dtype | None:
+    """The learner's `torch.autocast` dtype for `choice` (LearnerSection.autocast): None for
+    "none", bfloat16 for "bfloat16", and for "auto" bfloat16 when the model's weights are
+    float32 on a CPU where `measured_choice` found bfloat16 matmuls faster, else None (a GPU
+    config picks its precision with `model.dtype` and DeepSpeed's bf16 mode)."""
+    if choice not in AUTOCAST_CHOICES:
+        raise ValueError(f"learner.autocast: unknown value {choice!r} (expected one of "
+                         f"{AUTOCAST_CHOICES})")
+    if choice == "none":
+        return None
+    if choice == "bfloat16":
+        return torch.bfloat16
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32:
+        return None
+    return torch.bfloat16 if measured_choice(model, cache_dir)["dtype"] == "bfloat16" else None
