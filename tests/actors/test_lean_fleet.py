@@ -72,8 +72,14 @@ def test_fleet_adds_actors_under_load_and_removes_them_when_idle(ray_lean) -> No
         last_busy = max(t for t, b, _ in fleet.history if b)
         first_zero = min(t for t, _, n in fleet.history if n == 0 and t > last_busy)
         assert first_zero - last_busy >= 1.0
-        # Their lean_repl resources are free again (what lets the autoscaler drop Lean nodes).
-        time.sleep(0.5)
+        # Their lean_repl resources are free again (what lets the autoscaler drop Lean nodes):
+        # the polls kill each removed actor once it has closed its REPLs, without waiting.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+                fleet.retiring() or ray_lean.available_resources().get("lean_repl") != 4):
+            fleet.poll()
+            time.sleep(0.2)
+        assert fleet.retiring() == 0
         assert ray_lean.available_resources().get("lean_repl") == 4
     finally:
         fleet.close()

@@ -9,7 +9,9 @@ The target count is LeanScaler's (pure, in compassplay/verifiers/lean/scaling.py
 the backlog = checks submitted through this fleet and not finished. New actors ask for
 `lean_repl`; when no node has a free one they stay pending and the Ray autoscaler adds a Lean
 node; removed actors free their `lean_repl`, and idle Lean nodes are then terminated. Only idle
-actors are removed (never one with a check in flight); the next poll retries.
+actors are removed (never one with a check in flight); the next poll retries. A removed actor
+is asked to close its REPLs and killed once it has (or after `CLOSE_WAIT_S`) by a later poll:
+no call here waits on an actor, so a poll stays short while a node goes away under it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from compassplay.actors.lean.verifier import LeanVerifier, lean_actor_options
 from compassplay.actors.startup import describe_cause
 from compassplay.verifiers.lean.pool import LeanCheck, as_check
 from compassplay.verifiers.lean.scaling import LeanScaler
+
+CLOSE_WAIT_S = 30.0  # a removed actor's REPL shutdown gets this long before it is killed
 
 
 class LeanFleet:
@@ -49,6 +53,8 @@ class LeanFleet:
         # node, the autoscaler's launch included, and constructed), for each actor that came
         # up since the last `take_start_waits`
         self._start_waits: list[float] = []
+        # removed actors closing their REPLs: (actor, close ref, kill by this clock s)
+        self._retiring: list[tuple[Any, Any, float]] = []
         for _ in range(scaler.min_actors):
             self._add()
 
@@ -88,6 +94,7 @@ class LeanFleet:
     def poll(self, extra: int = 0) -> int:
         """Reap finished batches, then resize to the scaler's target for backlog + `extra`;
         returns the actor count."""
+        self._reap_retiring()
         if self._refs:
             done, _ = ray.wait(list(self._refs), num_returns=len(self._refs), timeout=0)
             for ref in done:
@@ -167,19 +174,39 @@ class LeanFleet:
         self._load[id(actor)] = 0
         self._unplaced[id(actor)] = (actor.ready.remote(), self._clock())
 
+    def retiring(self) -> int:
+        """Removed actors still closing their REPLs (killed by a later poll)."""
+        return len(self._retiring)
+
     def _remove(self, actor: Any) -> None:
         self._actors.remove(actor)
         self._load.pop(id(actor), None)
         if self._unplaced.pop(id(actor), None) is None:
-            try:  # stop its REPL process groups before the actor process goes
-                ray.get(actor.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 -- a dead actor has nothing left to close
-                pass
-        ray.kill(actor)
+            # stop its REPL process groups before the actor process goes (`_reap_retiring`)
+            self._retiring.append((actor, actor.close.remote(), self._clock() + CLOSE_WAIT_S))
+        else:
+            ray.kill(actor)
+
+    def _reap_retiring(self, wait_s: float = 0.0) -> None:
+        """Kill the removed actors whose close finished (or failed, or is past its time),
+        waiting up to `wait_s` for the others first."""
+        if not self._retiring:
+            return
+        refs = [ref for _, ref, _ in self._retiring]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        finished, now, keep = set(done), self._clock(), []
+        for actor, ref, kill_by in self._retiring:
+            if ref in finished or now >= kill_by or wait_s > 0:
+                ray.kill(actor)
+            else:
+                keep.append((actor, ref, kill_by))
+        self._retiring = keep
 
     def close(self) -> None:
-        """Close and kill every actor (in-flight batches fail)."""
+        """Close and kill every actor (in-flight batches fail; REPL shutdowns get up to
+        `CLOSE_WAIT_S` in all)."""
         self._check_placed()
         for actor in list(self._actors):
             self._remove(actor)
         self._refs.clear()
+        self._reap_retiring(wait_s=CLOSE_WAIT_S)
