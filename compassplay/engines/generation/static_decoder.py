@@ -94,6 +94,9 @@ class StaticDecoder:
         self.scale = self.d ** -0.5
         self.blocks: list[_Block] = []
         self.pack = pack_kind(self.dtype) if pack else None
+        # bfloat16 keys are cached transposed (`_alloc`); float32 keys keep the [C, d] layout,
+        # whose MKL sums the float32 decoder's outputs are pinned to
+        self.keys_transposed = self.dtype == torch.bfloat16
         self._packed: dict[int, dict[int, torch.Tensor]] = {}  # rows -> id(weight) -> pack
         self.refresh()
         self._t = 0
@@ -195,11 +198,17 @@ class StaticDecoder:
 
     def _alloc(self, rows: int, pad: torch.Tensor, capacity: int, dev: torch.device
                ) -> torch.Tensor:
-        """The KV cache [L, rows, nkv, C, d], the decode steps' additive key mask and the
-        rotary tables [C, d]. Returns the keys that are not pads, [rows, C] bool."""
-        self._k = torch.zeros((len(self.blocks), rows, self.nkv, capacity, self.d),
+        """The KV cache (values [L, rows, nkv, C, d], keys the same or, with
+        `keys_transposed`, [L, rows, nkv, d, C]), the decode steps' additive key mask and the
+        rotary tables [C, d]. Returns the keys that are not pads, [rows, C] bool. Transposed
+        keys: a bfloat16 decode step's `q @ K^T` reads [d, t] slices with contiguous rows,
+        which the batched matmul copies at half the cost of a transposed [t, d] slice (the
+        same sums, bit for bit)."""
+        kshape = (self.d, capacity) if self.keys_transposed else (capacity, self.d)
+        self._k = torch.zeros((len(self.blocks), rows, self.nkv, *kshape),
                               dtype=self.dtype, device=dev)
-        self._v = torch.zeros_like(self._k)
+        self._v = torch.zeros((len(self.blocks), rows, self.nkv, capacity, self.d),
+                              dtype=self.dtype, device=dev)
         cols = torch.arange(capacity, device=dev)
         valid = cols[None, :] >= pad[:, None]
         self._bias = torch.zeros((rows, 1, 1, capacity), device=dev
@@ -211,7 +220,7 @@ class StaticDecoder:
     def step(self, tok: torch.Tensor) -> torch.Tensor:
         """Append one token per row. tok: [B] long -> next logits [B, V] float32."""
         t = self._t
-        if t >= self._k.shape[3]:
+        if t >= self._v.shape[3]:
             raise ValueError(f"the KV cache is full ({t} positions)")
         x = self.embed[tok][:, None, :].float()
         pos = (t - self._pad)[:, None]
@@ -219,11 +228,18 @@ class StaticDecoder:
         self._t = t + 1
         return logits
 
+    def _keys(self, block: int, start: int, end: int) -> torch.Tensor:
+        """A view of `block`'s cached keys at columns start..end-1 as K^T [B, nkv, d, n]."""
+        kc = self._k[block]
+        return kc[..., start:end] if self.keys_transposed else \
+            kc[:, :, start:end].transpose(-1, -2)
+
     def _forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
                  t0: int) -> torch.Tensor:
         """x: [B, S, H] float32 at cache columns t0..t0+S-1, pos: [B, S] positions,
         mask: [B, 1, S, t0+S] bool (True = attend) for a prefill, an additive [B, 1, 1, t0+1]
-        (0 or -inf) for a decode step. Returns logits of the last column."""
+        (0 or -inf) for a decode step; a prefill starts at t0 = 0. x is updated in place (the
+        callers pass fresh embedding rows). Returns logits of the last column."""
         bsz, seq, _ = x.shape
         nh, nkv, d = self.nh, self.nkv, self.d
         cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # [B, 1, S, d]
@@ -234,22 +250,21 @@ class StaticDecoder:
             h = self._rms(x, b.ln1)
             qkv = self._linear(h, b.wqkv, b.bqkv).view(bsz, seq, nqk + nkv, d).transpose(1, 2)
             qk = self._rope(qkv[:, :nqk].float(), cos, sin).to(self.dtype)  # [B, nh+nkv, S, d]
-            kc, vc = self._k[i], self._v[i]
-            kc[:, :, t0:end] = qk[:, nh:]
+            vc = self._v[i]  # [B, nkv, C, d]
+            self._keys(i, t0, end).copy_(qk[:, nh:].transpose(-1, -2))
             vc[:, :, t0:end] = qkv[:, nqk:]
-            keys, vals = kc[:, :, :end], vc[:, :, :end]
             if seq == 1:  # decode: a group's queries as rows against its one KV head
                 q = qk[:, :nh].reshape(bsz, nkv, group, d)
-                scores = torch.matmul(q, keys.transpose(-1, -2)).float().mul_(self.scale)
+                scores = torch.matmul(q, self._keys(i, 0, end)).float().mul_(self.scale)
                 att = torch.matmul(torch.softmax(scores.add_(mask), dim=-1).to(self.dtype),
-                                   vals)
-            else:
-                att = F.scaled_dot_product_attention(qk[:, :nh], keys, vals, attn_mask=mask,
-                                                     enable_gqa=group > 1)
+                                   vc[:, :, :end])
+            else:  # a prefill (t0 = 0): this call's keys and values are the whole cache
+                att = F.scaled_dot_product_attention(qk[:, :nh], qk[:, nh:], qkv[:, nqk:],
+                                                     attn_mask=mask, enable_gqa=group > 1)
             att = att.reshape(bsz, nh, seq, d).transpose(1, 2).reshape(bsz, seq, nh * d)
-            x = x + self._linear(att, b.wo).float()
+            x.add_(self._linear(att, b.wo))  # float32 += (exactly upcast) matmul output
             h = self._rms(x, b.ln2)
             gate, up = self._linear(h, b.wgu).chunk(2, dim=-1)
-            x = x + self._linear(F.silu(gate) * up, b.wd).float()
+            x.add_(self._linear(F.silu(gate) * up, b.wd))
         h = self._rms(x[:, -1:], self.norm)
         return self._linear(h, self.head)[:, 0].float()

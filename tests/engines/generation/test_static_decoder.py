@@ -186,9 +186,10 @@ def test_decode_dtype_auto_is_measured_once_per_machine_and_kept(monkeypatch, tm
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_bfloat16_packed_decode_matmuls_equal_the_unpacked_ones(arch):
+def test_bfloat16_packed_matmuls_and_transposed_keys_change_no_logit(arch):
     """The bfloat16 decode steps' matmuls on weights packed for the batch's rows (oneDNN,
-    `pack_kind`) give the same logits, bit for bit, as `F.linear` on the plain copies."""
+    `pack_kind`) and attention on transposed cached keys give the same logits, bit for bit,
+    as `F.linear` on the plain copies and keys cached [C, d]."""
     from compassplay.engines.generation.static_decoder import pack_kind
 
     if pack_kind(torch.bfloat16) is None:
@@ -198,7 +199,8 @@ def test_bfloat16_packed_decode_matmuls_equal_the_unpacked_ones(arch):
     ids, pad = left_pad(rows)
     packed = StaticDecoder(model, dtype=torch.bfloat16)
     plain = StaticDecoder(model, dtype=torch.bfloat16, pack=False)
-    assert packed.pack == "onednn" and plain.pack is None
+    plain.keys_transposed = False  # and the keys in their [C, d] layout
+    assert packed.pack == "onednn" and plain.pack is None and packed.keys_transposed
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         a = packed.start(ids, pad, ids.shape[1] + 5)
