@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from compassplay.engines.generation.static_decoder import unsupported_reason
+from compassplay.engines.generation.static_decoder import pack_kind, unsupported_reason
 from compassplay.fileio import default_cache_dir
 
 DECODE_DTYPES = ("model", "bfloat16", "auto")
@@ -51,17 +51,20 @@ def _block_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
 def decode_matmul_seconds(model: torch.nn.Module, rows: int = 16,
                           reps: int = REPS) -> dict[torch.dtype, float]:
     """Fastest of `reps` timings (s) of one block's decode matmuls (x [rows, in]) in float32
-    and in bfloat16 on CPU, as `StaticDecoder` runs them (float32 through MKL's packed weights
-    when it has them), the two dtypes timed in turn so that load from other processes meets
-    both alike."""
+    and in bfloat16 on CPU, as `StaticDecoder` runs them (through weights packed for `rows`
+    where `static_decoder.pack_kind` has a packing for the dtype), the two dtypes timed in turn
+    so that load from other processes meets both alike."""
     g = torch.Generator().manual_seed(0)
     shapes = _block_shapes(model)
     ws = [torch.randn(shape, generator=g) for shape in shapes]
     xs = [torch.randn((rows, shape[1]), generator=g) for shape in shapes]
-    packed = torch.backends.mkl.is_available()
+    packed = pack_kind(torch.float32) == "mkl"
     packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws] if packed else []
     ws16 = [w.to(torch.bfloat16) for w in ws]
     xs16 = [x.to(torch.bfloat16) for x in xs]
+    packed16 = pack_kind(torch.bfloat16) == "onednn"
+    packs16 = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in ws16] \
+        if packed16 else []
 
     def fp32() -> None:
         for i, (w, x) in enumerate(zip(ws, xs, strict=True)):
@@ -71,8 +74,11 @@ def decode_matmul_seconds(model: torch.nn.Module, rows: int = 16,
                 F.linear(x, w)
 
     def bf16() -> None:
-        for w, x in zip(ws16, xs16, strict=True):
-            F.linear(x, w)
+        for i, (w, x) in enumerate(zip(ws16, xs16, strict=True)):
+            if packed16:
+                torch.ops.mkldnn._linear_pointwise(x, packs16[i], None, "none", [], "")
+            else:
+                F.linear(x, w)
 
     best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
     fp32(), bf16()  # warm-up: first calls pick kernels and pack
@@ -95,7 +101,9 @@ def machine_key(model: torch.nn.Module) -> str:
     except OSError:
         pass
     shapes = ",".join(f"{o}x{i}" for o, i in _block_shapes(model))
-    return f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads | {shapes}"
+    packs = "/".join(str(pack_kind(dt)) for dt in (torch.float32, torch.bfloat16))
+    return (f"{cpu} | torch {torch.__version__} | {torch.get_num_threads()} threads | {shapes}"
+            f" | packed {packs}")
 
 
 def _read(path: Path) -> dict:

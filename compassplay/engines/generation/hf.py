@@ -23,43 +23,12 @@ import torch
 
 from compassplay.engines.dtype_choice import resolve_decode_dtype
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams, check_version
+from compassplay.engines.generation.sampling import TokenSampler
 from compassplay.engines.generation.static_decoder import StaticDecoder, unsupported_reason
 from compassplay.engines.generation.templating import TemplateCursor
 from compassplay.records import Generation
 
 log = logging.getLogger(__name__)
-
-
-TOP_P_CANDIDATES = 1024  # top-p looks among this many most likely tokens first
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One index per row drawn with probability proportional to probs [B, N] (>= 0): inverse
-    CDF with one uniform per row (float64 sums), where `torch.multinomial` draws an exponential
-    per vocabulary entry (22 ms a step at 16 x 49k on 2 cores). -> [B] int64."""
-    cum = probs.double().cumsum(dim=-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device,
-                   dtype=torch.float64) * cum[:, -1:]
-    return torch.searchsorted(cum, u, right=True).squeeze(-1).clamp_(max=probs.shape[-1] - 1)
-
-
-def sample_next(logits: torch.Tensor, temperature: float, top_p: float,
-                generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row. logits: [B, V] float32 -> token ids [B] (int64). Top-p keeps
-    the smallest prefix of tokens by probability whose mass reaches top_p; it is looked for
-    among the `TOP_P_CANDIDATES` likeliest first (the same nucleus when their mass reaches
-    top_p, which `topk` finds without sorting the vocabulary), else in the full sort."""
-    if temperature == 0.0:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p >= 1.0:
-        return draw(probs, generator)
-    sorted_p, order = probs.topk(min(TOP_P_CANDIDATES, probs.shape[-1]), dim=-1)
-    if not bool((sorted_p.sum(dim=-1) >= top_p).all()):
-        sorted_p, order = probs.sort(dim=-1, descending=True)
-    drop = (sorted_p.cumsum(dim=-1) - sorted_p) >= top_p
-    return order.gather(-1, draw(sorted_p.masked_fill(drop, 0.0), generator)[:, None]
-                        ).squeeze(-1)
 
 
 def kv_cache_of(out: Any) -> Any:
@@ -271,21 +240,21 @@ class HFGenerationEngine(GenerationEngine):
         dec = self._decoder
         dec.refresh_if_changed()
         logits = dec.start(ids, pad, width + longest)
+        sampler = TokenSampler(bsz, logits.shape[-1], dev)
         for step in range(longest):
             if cursors is None:
-                tok = sample_next(logits, params.temperature, params.top_p, gen)
+                tok = sampler.sample(logits, params.temperature, params.top_p, gen)
             else:  # templated: no end-of-sequence inside a segment; forced tokens override
-                masked = logits.index_fill(-1, eos_cols, float("-inf")) if len(eos_cols) \
-                    else logits.clone()
+                masked = sampler.masked(logits, eos_cols)
                 for i, c in enumerate(cursors):
                     if ban := c.banned():
                         masked[i, ban] = float("-inf")
-                tok = sample_next(masked, params.temperature, params.top_p, gen)
+                tok = sampler.sample(masked, params.temperature, params.top_p, gen)
                 forced = [(i, c.forced()) for i, c in enumerate(cursors) if c.forced() is not None]
                 if forced:
                     rows, forced_ids = zip(*forced, strict=True)
                     tok[list(rows)] = torch.tensor(forced_ids, dtype=tok.dtype, device=dev)
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+            logp = sampler.logprobs(logits, tok)
             tok_l, logp_l = tok.tolist(), logp.tolist()
             for i in range(bsz):
                 if done[i]:

@@ -3,7 +3,8 @@ from __future__ import annotations
 import torch
 
 from compassplay.engines.generation.base import SamplingParams
-from compassplay.engines.generation.hf import HFGenerationEngine, sample_next
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.sampling import sample_next
 from compassplay.engines.training.logprobs import pack, token_logprobs
 
 
@@ -69,7 +70,7 @@ def test_top_p_keeps_nucleus():
 
 
 def test_draw_follows_the_probabilities_and_never_a_zero():
-    from compassplay.engines.generation.hf import draw
+    from compassplay.engines.generation.sampling import draw
 
     probs = torch.tensor([[0.5, 0.3, 0.0, 0.2]]).repeat(20000, 1)
     got = draw(probs, torch.Generator().manual_seed(0))
@@ -81,7 +82,7 @@ def test_draw_follows_the_probabilities_and_never_a_zero():
 
 
 def test_top_p_among_candidates_is_the_full_sort_nucleus(monkeypatch):
-    from compassplay.engines.generation import hf as hf_generation
+    from compassplay.engines.generation import sampling as hf_generation
 
     logits = torch.randn(8, 3000, generator=torch.Generator().manual_seed(1)) * 3
     def nucleus(k):

@@ -183,3 +183,31 @@ def test_decode_dtype_auto_is_measured_once_per_machine_and_kept(monkeypatch, tm
     assert dc.resolve_decode_dtype("auto", model, tmp_path) is None
     assert len(calls) >= 2
     assert json.loads((tmp_path / dc.CACHE_FILE).read_text())[key]["dtype"] == "float32"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_bfloat16_packed_matmuls_and_transposed_keys_change_no_logit(arch):
+    """The bfloat16 decode steps' matmuls on weights packed for the batch's rows (oneDNN,
+    `pack_kind`) and attention on transposed cached keys give the same logits, bit for bit,
+    as `F.linear` on the plain copies and keys cached [C, d]."""
+    from compassplay.engines.generation.static_decoder import pack_kind
+
+    if pack_kind(torch.bfloat16) is None:
+        pytest.skip("no oneDNN packing for bfloat16 in this torch build")
+    model = tiny(arch, seed=5)
+    rows = [[5, 6, 7, 8, 9], [12, 13], [40, 41, 42, 43]]
+    ids, pad = left_pad(rows)
+    packed = StaticDecoder(model, dtype=torch.bfloat16)
+    plain = StaticDecoder(model, dtype=torch.bfloat16, pack=False)
+    plain.keys_transposed = False  # and the keys in their [C, d] layout
+    assert packed.pack == "onednn" and plain.pack is None and packed.keys_transposed
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        a = packed.start(ids, pad, ids.shape[1] + 5)
+        b = plain.start(ids, pad, ids.shape[1] + 5)
+        for _ in range(4):
+            assert torch.equal(a, b)
+            tok = torch.randint(0, 258, (len(rows),), generator=g)
+            a, b = packed.step(tok), plain.step(tok)
+        assert torch.equal(a, b)
+    assert len(packed._packed[len(rows)]) == 4 * 2 + 1  # four per block and the head
