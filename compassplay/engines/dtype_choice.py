@@ -153,23 +153,29 @@ def measured_choice(model: torch.nn.Module, cache_dir: Path | None = None) -> di
     return entry
 
 
+def _resolve(field: str, choices: tuple[str, ...], choice: str, model: torch.nn.Module,
+             cache_dir: Path | None, static_only: bool) -> torch.dtype | None:
+    """choices[0] -> None, "bfloat16" -> bfloat16, "auto" -> bfloat16 when the model's
+    weights are float32 on a CPU (and, with `static_only`, the static decoder runs it) where
+    `measured_choice` found bfloat16 faster, else None; another value is a ValueError naming
+    `field`."""
+    if choice not in choices:
+        raise ValueError(f"{field}: unknown value {choice!r} (expected one of {choices})")
+    if choice != "auto":
+        return torch.bfloat16 if choice == "bfloat16" else None
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32 or (
+            static_only and unsupported_reason(model)):
+        return None
+    return torch.bfloat16 if measured_choice(model, cache_dir)["dtype"] == "bfloat16" else None
+
+
 def resolve_decode_dtype(choice: str, model: torch.nn.Module,
                          cache_dir: Path | None = None) -> torch.dtype | None:
     """The static decoder's matmul dtype for `choice`: None for "model" (the weights' own),
     bfloat16 for "bfloat16", and for "auto" bfloat16 when the model's weights are float32 on a
     CPU where `measured_choice` found bfloat16 faster, else None."""
-    if choice not in DECODE_DTYPES:
-        raise ValueError(f"decode_dtype: unknown value {choice!r} (expected one of "
-                         f"{DECODE_DTYPES})")
-    if choice == "model":
-        return None
-    if choice == "bfloat16":
-        return torch.bfloat16
-    p = next(model.parameters())
-    if p.device.type != "cpu" or p.dtype != torch.float32 or unsupported_reason(model):
-        return None
-    entry = measured_choice(model, cache_dir)
-    return torch.bfloat16 if entry["dtype"] == "bfloat16" else None
+    return _resolve("decode_dtype", DECODE_DTYPES, choice, model, cache_dir, static_only=True)
 
 
 def resolve_autocast(choice: str, model: torch.nn.Module,
@@ -178,14 +184,5 @@ def resolve_autocast(choice: str, model: torch.nn.Module,
     "none", bfloat16 for "bfloat16", and for "auto" bfloat16 when the model's weights are
     float32 on a CPU where `measured_choice` found bfloat16 matmuls faster, else None (a GPU
     config picks its precision with `model.dtype` and DeepSpeed's bf16 mode)."""
-    if choice not in AUTOCAST_CHOICES:
-        raise ValueError(f"learner.autocast: unknown value {choice!r} (expected one of "
-                         f"{AUTOCAST_CHOICES})")
-    if choice == "none":
-        return None
-    if choice == "bfloat16":
-        return torch.bfloat16
-    p = next(model.parameters())
-    if p.device.type != "cpu" or p.dtype != torch.float32:
-        return None
-    return torch.bfloat16 if measured_choice(model, cache_dir)["dtype"] == "bfloat16" else None
+    return _resolve("learner.autocast", AUTOCAST_CHOICES, choice, model, cache_dir,
+                    static_only=False)
