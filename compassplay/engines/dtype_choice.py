@@ -15,11 +15,14 @@ measure again).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -130,17 +133,49 @@ def _write(path: Path, key: str, entry: dict) -> None:
         log.warning("generation: could not keep the decode dtype choice in %s (%s)", path, exc)
 
 
+@contextlib.contextmanager
+def _dir_lock(folder: Path) -> Iterator[None]:
+    """An exclusive flock on `folder` (created if missing), so that processes starting at once
+    measure one after another; no lock where the folder cannot be made or opened."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _kept(path: Path, key: str) -> dict | None:
+    entry = _read(path).get(key)
+    if isinstance(entry, dict) and entry.get("dtype") in ("bfloat16", "float32"):
+        return entry
+    return None
+
+
 def measured_choice(model: torch.nn.Module, cache_dir: Path | None = None) -> dict:
     """The kept "auto" entry for this machine and model shape ({"dtype": "bfloat16" or
     "float32", "float32_ms", "bfloat16_ms", "measured_at"}), measured and written first
-    where there is none."""
+    where there is none: by one process, while the others starting beside it wait for it
+    (a flock on the cache folder) and then read its entry."""
     path = (cache_dir or default_cache_dir()) / CACHE_FILE
     key = machine_key(model)
-    entry = _read(path).get(key)
-    if isinstance(entry, dict) and entry.get("dtype") in ("bfloat16", "float32"):
-        log.info("generation: decoding in %s (kept in %s for %s; delete it to measure again)",
-                 entry["dtype"], path, key)
-        return entry
+    entry = _kept(path, key)
+    if entry is None:
+        with _dir_lock(path.parent):
+            entry = _kept(path, key)
+            if entry is None:
+                return _measure_and_keep(model, path, key)
+    log.info("generation: decoding in %s (kept in %s for %s; delete it to measure again)",
+             entry["dtype"], path, key)
+    return entry
+
+
+def _measure_and_keep(model: torch.nn.Module, path: Path, key: str) -> dict:
     t = decode_matmul_seconds(model)
     fp32, bf16 = t[torch.float32], t[torch.bfloat16]
     entry = {"dtype": "bfloat16" if fp32 >= BF16_MARGIN * bf16 else "float32",

@@ -50,7 +50,11 @@ def test_first_run_with_an_empty_cache_and_a_fresh_home(tmp_path):
     boot = [n for n in names if n.startswith("bootstrap-") and not n.endswith(".lock")]
     assert len(boot) == 1 and (cache / boot[0] / "COMPLETE.json").is_file()
     assert names == sorted(["smollm2-135m-instruct", "smollm2-135m-instruct.lock", boot[0],
-                            f"{boot[0]}.lock"]), "no stray temp files"
+                            f"{boot[0]}.lock", "decode_dtype.json"]), "no stray temp files"
+    # decode_dtype auto: measured once by the first actor, kept for this machine, read by all
+    kept = json.loads((cache / "decode_dtype.json").read_text())
+    assert len(kept) == 1 and next(iter(kept.values()))["dtype"] in ("bfloat16", "float32")
+    assert proc.stderr.count("decode matmuls take") == 1
     assert (cache / "smollm2-135m-instruct" / "COMPLETE.json").is_file()
     rows = (tmp_path / "runs" / "first" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in rows] == [0]

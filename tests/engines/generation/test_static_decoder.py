@@ -211,3 +211,37 @@ def test_bfloat16_packed_matmuls_and_transposed_keys_change_no_logit(arch):
             a, b = packed.step(tok), plain.step(tok)
         assert torch.equal(a, b)
     assert len(packed._packed[len(rows)]) == 4 * 2 + 1  # four per block and the head
+
+
+_MEASURE_SCRIPT = """
+import sys, time, torch
+from compassplay.engines import dtype_choice as dc
+from tests.engines.generation.test_static_decoder import tiny
+
+def slow(model):
+    print("MEASURED", flush=True)
+    time.sleep(1.0)  # long enough for the other processes to arrive while this one measures
+    return {torch.float32: 3.0, torch.bfloat16: 1.0}
+
+dc.decode_matmul_seconds = slow
+print(dc.measured_choice(tiny("llama"), __import__("pathlib").Path(sys.argv[1]))["dtype"])
+"""
+
+
+def test_processes_starting_at_once_measure_the_decode_dtype_once(tmp_path):
+    """Actors starting together: one measures, the others wait on the cache folder's lock and
+    read its entry (each measuring would log, and could keep, a different answer)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    procs = [subprocess.Popen([sys.executable, "-c", _MEASURE_SCRIPT, str(tmp_path / "c")],
+                              cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [e[-2000:] for _, e in outs]
+    printed = "".join(o for o, _ in outs)
+    assert printed.count("MEASURED") == 1, printed
+    assert printed.split().count("bfloat16") == 3
+    assert len(json.loads((tmp_path / "c" / "decode_dtype.json").read_text())) == 1
