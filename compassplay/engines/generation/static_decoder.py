@@ -12,10 +12,10 @@ H hidden size, nh query heads, nkv key/value heads, d head dim, V vocabulary.
 `dtype` (default: the model's) is the weights' and the matmuls' dtype; the residual stream,
 norms, the decode steps' attention scores and softmax, and logits stay float32 (with bfloat16
 weights the matmuls accumulate in float32 inside oneDNN/cuBLAS and round their outputs to
-bfloat16). `dtype_choice.resolve_decode_dtype` picks it from `SamplingSection.decode_dtype`: on a CPU with
-native bfloat16 dot products (AVX512-BF16, AMX) bfloat16 weights halve the bytes a decode step
-reads and run the matmuls 2-3x faster than float32; on one without, bfloat16 is emulated and
-slower, so "auto" measures before it chooses.
+bfloat16). `dtype_choice.resolve_decode_dtype` picks it from `SamplingSection.decode_dtype`:
+on a CPU with native bfloat16 dot products (AVX512-BF16, AMX) bfloat16 weights halve the bytes
+a decode step reads and run the matmuls 2-3x faster than float32; on one without, bfloat16 is
+emulated and slower, so "auto" measures (once per machine) before it chooses.
 """
 
 from __future__ import annotations
