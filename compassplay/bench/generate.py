@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import statistics
 import sys
@@ -89,14 +88,13 @@ def machine_bound(name: str, args: argparse.Namespace) -> dict[str, Any]:
 
     model, _ = load_model(MODELS[name], seed=args.seed)
     shape = roofline.shape_of(model)
-    inter = int(getattr(model.config, "intermediate_size", 4 * shape.hidden))
+    rows = args.batch_size * args.prompt_tokens
     stream = roofline.stream_seconds(model)
-    rate = roofline.matmul_rate(args.batch_size * args.prompt_tokens, shape.hidden, inter)
+    rate = roofline.model_matmul_rate(model, rows)
     bounds = roofline.generation_bounds(shape, args.batch_size, args.prompt_tokens,
                                         args.new_tokens, stream, rate)
-    stream16 = roofline.stream_seconds(copy.deepcopy(model).to(torch.bfloat16))
-    rate16 = roofline.matmul_rate(args.batch_size * args.prompt_tokens, shape.hidden, inter,
-                                  dtype=torch.bfloat16)
+    stream16 = roofline.stream_seconds_in(model, torch.bfloat16)
+    rate16 = roofline.model_matmul_rate(model, rows, torch.bfloat16)
     bf16 = roofline.generation_bounds(shape, args.batch_size, args.prompt_tokens,
                                       args.new_tokens, stream16, rate16)
     return {"weight_bytes": shape.weight_bytes, "weight_stream_s": stream,

@@ -17,6 +17,7 @@ weights once, a plain matmul's FLOP/s at a stage's shape, and the bounds built f
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -94,6 +95,20 @@ def matmul_rate(rows: int, k: int, n: int, dtype: torch.dtype = torch.float32,
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
     return 2.0 * rows * k * n / min(times)
+
+
+def model_matmul_rate(model: torch.nn.Module, rows: int,
+                      dtype: torch.dtype = torch.float32) -> float:
+    """`matmul_rate` at `model`'s MLP shape: x [rows, hidden] @ w [intermediate, hidden].T."""
+    hidden = int(model.config.hidden_size)
+    inter = int(getattr(model.config, "intermediate_size", None) or 4 * hidden)
+    return matmul_rate(rows, hidden, inter, dtype=dtype)
+
+
+def stream_seconds_in(model: torch.nn.Module, dtype: torch.dtype) -> float:
+    """`stream_seconds` of `model`'s weights held in `dtype` (a copy when they are not)."""
+    same = next(model.parameters()).dtype == dtype
+    return stream_seconds(model if same else copy.deepcopy(model).to(dtype))
 
 
 def generation_bounds(s: ModelShape, rows: int, prompt: int, new: int, stream_s: float,

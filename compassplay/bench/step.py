@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import json
 import statistics
 import tempfile
@@ -207,15 +206,14 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
                 if '"stage_seconds"' in line]
     model = ledger.model
     assert model is not None and ledger.shape is not None
-    inter = int(getattr(model.config, "intermediate_size", 4 * ledger.shape.hidden))
     stream = roofline.stream_seconds(model)
-    rate = roofline.matmul_rate(2048, ledger.shape.hidden, inter)
+    rate = roofline.model_matmul_rate(model, 2048)
     bounds = stage_bounds(ledger, stream, rate, spec_layers(cfg.scorer.params,
                                                             ledger.shape.layers))
     if "bfloat16" in ledger.decode_dtypes | ledger.learn_dtypes:
-        rate16 = roofline.matmul_rate(2048, ledger.shape.hidden, inter, dtype=torch.bfloat16)
+        rate16 = roofline.model_matmul_rate(model, 2048, torch.bfloat16)
     if ledger.decode_dtypes == {"bfloat16"}:  # the bound of the work generation did
-        stream16 = roofline.stream_seconds(copy.deepcopy(model).to(torch.bfloat16))
+        stream16 = roofline.stream_seconds_in(model, torch.bfloat16)
         bounds["generate_bf16"] = stage_bounds(ledger, stream16, rate16, 0)["generate"]
     if ledger.learn_dtypes == {"bfloat16"}:  # autocast blocks, float32 head
         bounds["learn_bf16"] = stage_bounds(ledger, stream, rate16, 0, head_rate=rate)["learn"]
