@@ -151,6 +151,15 @@ class ScorerSection(Section):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="dtype of the scorer's model copy (partials accumulate in "
         "float32/float64; `compassplay bench scorer` reports the cosine error vs float32)")
+    reference_autocast: Literal["none", "bfloat16", "auto"] = Field(
+        "none", description="the reference gradient's passes (g_ref, recomputed at every "
+        "weight version; the default job's largest scoring cost) under torch.autocast: none = "
+        "the model's dtype; bfloat16 = matmuls on bfloat16-rounded inputs accumulating in "
+        "float32 (g_ref itself, the candidates' gradients and every product stay float32); "
+        "auto = bfloat16 for float32 weights on a CPU whose bfloat16 matmuls are 1.25x faster "
+        "(the choice decode_dtype=auto keeps), else none. At the default job's shapes: cosine "
+        "0.9995 with the float32 g_ref, candidate cosines' ranks kept (Spearman 0.9995), 1.4x "
+        "faster (docs/measurements/scorer-autocast-2026-12-06)")
     num_scorers: int = Field(1, ge=1, description="scorer actors (Ray executor; each asks "
                              "for cluster.scorer)")
     shard_mode: Literal["replica", "param_shard"] = Field(

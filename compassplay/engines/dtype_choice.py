@@ -213,11 +213,11 @@ def resolve_decode_dtype(choice: str, model: torch.nn.Module,
     return _resolve("decode_dtype", DECODE_DTYPES, choice, model, cache_dir, static_only=True)
 
 
-def resolve_autocast(choice: str, model: torch.nn.Module,
-                     cache_dir: Path | None = None) -> torch.dtype | None:
-    """The learner's `torch.autocast` dtype for `choice` (LearnerSection.autocast): None for
-    "none", bfloat16 for "bfloat16", and for "auto" bfloat16 when the model's weights are
-    float32 on a CPU where `measured_choice` found bfloat16 matmuls faster, else None (a GPU
-    config picks its precision with `model.dtype` and DeepSpeed's bf16 mode)."""
-    return _resolve("learner.autocast", AUTOCAST_CHOICES, choice, model, cache_dir,
-                    static_only=False)
+def resolve_autocast(choice: str, model: torch.nn.Module, cache_dir: Path | None = None,
+                     field: str = "learner.autocast") -> torch.dtype | None:
+    """A `torch.autocast` dtype for `choice` (LearnerSection.autocast,
+    ScorerSection.reference_autocast; `field` names it in errors): None for "none", bfloat16
+    for "bfloat16", and for "auto" bfloat16 when the model's weights are float32 on a CPU where
+    `measured_choice` found bfloat16 matmuls faster, else None (a GPU config picks its
+    precision with `model.dtype` and DeepSpeed's bf16 mode)."""
+    return _resolve(field, AUTOCAST_CHOICES, choice, model, cache_dir, static_only=False)

@@ -116,13 +116,18 @@ class GradientScorer:
     then stay in cache, and at SmolLM2-135M's shape 1,280-token passes scored 16 x 320 tokens
     in 20.4 s against 25.1 s in one pass (2 threads). path: "auto", "ghost" or "materialize"
     for linear layers. chunk_bytes: bound on per-layer per-sample temporaries.
+    reference_autocast: the reference gradient's passes (and its kept prefix states) run under
+    `torch.autocast(dtype)` (None: the model's dtype); g_ref is still accumulated in float32
+    and the candidates' passes are untouched.
     """
 
     def __init__(self, model: nn.Module, params: ParamsSpec = "all", *,
                  max_batch_tokens: int = 16384, cpu_pass_tokens: int = 1280,
                  path: str = "auto",
-                 chunk_bytes: int = 64 << 20, weight_version: int = 0, pad_id: int = 0) -> None:
+                 chunk_bytes: int = 64 << 20, weight_version: int = 0, pad_id: int = 0,
+                 reference_autocast: torch.dtype | None = None) -> None:
         self.model = model
+        self.reference_autocast = reference_autocast
         globs, self.projection = parse_spec(params)
         self.params = select_params(model, globs)
         self.sketch = None if self.projection is None else CountSketch(
@@ -247,6 +252,12 @@ class GradientScorer:
         self.engine.set_metric(out)
 
     # reference ---------------------------------------------------------------------------------
+    def _reference_numerics(self) -> contextlib.AbstractContextManager:
+        """The autocast region of the reference's passes (`reference_autocast`), or none."""
+        if self.reference_autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.reference_autocast)
+
     def set_reference(self, ref: list[Example]) -> None:
         """Compute and store g_ref (and its norm, in the metric if one is set) at the current
         weights and weight_version."""
@@ -263,8 +274,10 @@ class GradientScorer:
                 "current weights (or set_metric(None)) before set_reference")
         grads = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
         names, plist = list(self.params), list(self.params.values())
-        passes, top_only = self._reference_passes(ref)
-        with scoring_mode(self.model), grads_only_for(self.model, self.params), top_only:
+        with self._reference_numerics():
+            passes, top_only = self._reference_passes(ref)
+        with scoring_mode(self.model), grads_only_for(self.model, self.params), top_only, \
+                self._reference_numerics():
             for batch, hidden in passes:
                 loss = batch_losses(self.model, batch, inputs_embeds=hidden).sum() / n_total
                 gs = torch.autograd.grad(loss, plist, allow_unused=True)

@@ -3,9 +3,12 @@ partials (or SOAR utilities) for them; `step.scoring.merge_shards` combines the 
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from compassplay.config import ConfigError, RunConfig
+from compassplay.engines.dtype_choice import resolve_autocast
 from compassplay.records import Candidate
 from compassplay.rewards.gradient import GradientScorer, Partials
 from compassplay.rewards.local_reference import group_references, local_partials
@@ -30,6 +33,7 @@ from compassplay.workers.builders import (
 from compassplay.workers.versioned import Versioned, Weights, split_metric
 
 SCORER_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+log = logging.getLogger(__name__)
 
 
 def shard_names(names: list[str], shard: int, num_shards: int) -> list[str]:
@@ -62,9 +66,17 @@ class ScorerWorker(Versioned):
             raise ConfigError("reward.reference=local scores exactly: scorer.params must be "
                               "'all' or name globs, not a projection")
         self.local_params = params
+        ref_autocast = resolve_autocast(cfg.scorer.reference_autocast, model,
+                                        field="scorer.reference_autocast")
+        if ref_autocast is not None:
+            log.info("scorer: the reference gradient's passes under torch.autocast(%s) "
+                     "(scorer.reference_autocast=%s); candidates' passes in %s",
+                     str(ref_autocast).removeprefix("torch."), cfg.scorer.reference_autocast,
+                     str(next(model.parameters()).dtype).removeprefix("torch."))
         self.scorer = GradientScorer(model, params=params, pad_id=self.tok.pad_token_id,
                                      max_batch_tokens=cfg.scorer.max_batch_tokens,
-                                     cpu_pass_tokens=cfg.scorer.cpu_pass_tokens)
+                                     cpu_pass_tokens=cfg.scorer.cpu_pass_tokens,
+                                     reference_autocast=ref_autocast)
         self.env = make_env(cfg, None)
         self.reference = [] if self.local else make_reference(cfg, self.tok)
         self._naive_ref: tuple[int, dict] | None = None
