@@ -46,6 +46,7 @@ from compassplay.config import load_config
 from compassplay.engines.generation import hf as hf_generation
 from compassplay.engines.generation.base import generate_grouped
 from compassplay.engines.training import learner
+from compassplay.engines.training.shared_prefix import shared_prefix_len
 from compassplay.rewards import batch as score_batch
 
 GENERATION_STAGES = {"propose": "proposer", "solve": "solver"}
@@ -124,16 +125,21 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
             "steps": max((len(g.completion_ids) for g in out), default=0)})
         return out
 
-    def logprobs(model, input_ids, attention_mask, targets, positions=None, autocast=None):
+    def logprobs(model, input_ids, attention_mask, targets, positions=None, autocast=None,
+                 share_prefix=False):
         n_loss = int(positions.sum()) if positions is not None else targets.numel()
+        share_prefix = share_prefix and not baseline
         if model.training and any(p.requires_grad for p in model.parameters()):
+            shared = shared_prefix_len(input_ids, attention_mask, positions) \
+                if share_prefix and positions is not None else 0
             ledger.calls["learn"].append({
                 "rows": int(input_ids.shape[0]), "width": int(input_ids.shape[1]),
+                "shared": shared,
                 "head_rows": targets.numel() if baseline or positions is None else n_loss,
                 "loss_rows": n_loss, "crossed": _crossed_layers(model, None)})
             ledger.learn_dtypes.add(str(autocast or "model").removeprefix("torch."))
         return orig_lp(model, input_ids, attention_mask, targets,
-                       None if baseline else positions, autocast)
+                       None if baseline else positions, autocast, share_prefix)
 
     def losses(model, batch, all_logits=False, inputs_embeds=None):
         out = orig_loss(model, batch, all_logits, inputs_embeds)
@@ -168,19 +174,27 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
     assert s is not None
     per_layer = s.block_params / s.layers
 
-    def fwd(rows: int, width: int, head_rows: int) -> float:
-        return roofline.transformer_flops(s, rows * width, rows * width * (width + 1) / 2,
-                                          head_rows)
+    def work(rows: int, width: int, shared: int) -> tuple[float, float]:
+        """(positions, attention query-key pairs) of rows x width, the first `shared`
+        positions computed once."""
+        own = width - shared
+        return (shared + rows * own,
+                shared * (shared + 1) / 2 + rows * (own * shared + own * (own + 1) / 2))
 
-    def bwd(rows: int, width: int, head_rows: int, crossed: int) -> float:
-        blocks = 2.0 * (2.0 * per_layer * crossed * rows * width
-                        + 4.0 * crossed * s.heads * s.head_dim * rows * width * (width + 1) / 2)
+    def fwd(rows: int, width: int, head_rows: int, shared: int = 0) -> float:
+        tokens, pairs = work(rows, width, shared)
+        return roofline.transformer_flops(s, tokens, pairs, head_rows)
+
+    def bwd(rows: int, width: int, head_rows: int, crossed: int, shared: int = 0) -> float:
+        tokens, pairs = work(rows, width, shared)
+        blocks = 2.0 * (2.0 * per_layer * crossed * tokens
+                        + 4.0 * crossed * s.heads * s.head_dim * pairs)
         return blocks + 2.0 * s.vocab * s.hidden * head_rows
 
     gen = sum(roofline.generation_bounds(s, c["rows"], c["width"], c["steps"], stream_s,
                                          rate)["bound_s"] for c in ledger.calls["generate"])
-    learn = sum(fwd(c["rows"], c["width"], c["head_rows"])
-                + bwd(c["rows"], c["width"], c["head_rows"], c["crossed"])
+    learn = sum(fwd(c["rows"], c["width"], c["head_rows"], c.get("shared", 0))
+                + bwd(c["rows"], c["width"], c["head_rows"], c["crossed"], c.get("shared", 0))
                 for c in ledger.calls["learn"]) / rate
     if head_rate is not None:  # move the head's forward and backward FLOPs to head_rate
         head = sum(4.0 * s.vocab * s.hidden * c["head_rows"] for c in ledger.calls["learn"])

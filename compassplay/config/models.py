@@ -204,6 +204,12 @@ class LearnerSection(Section):
         "stream, norms, vocabulary head and log-softmax; Llama/Qwen2/GPT-2); auto = bfloat16 "
         "for float32 weights on a CPU whose bfloat16 matmuls are 1.25x faster (the choice "
         "decode_dtype=auto keeps), else none")
+    share_prefix: bool = Field(True, description="a micro-batch's leading prompt tokens that "
+        "every row has in common (the solver's samples of one task, the proposer's prompts of "
+        "one task type) go through the model once, their keys and values repeated for the "
+        "rows (same loss and gradient as the padded forward; Llama, Qwen2, GPT-2, without "
+        "gradient_checkpointing or dropout); equal prompts are made adjacent before forming "
+        "micro-batches")
     gradient_checkpointing: bool = Field(False, description="recompute each transformer "
                                          "block's activations in the backward pass instead of "
                                          "keeping them (about a third more compute; the "

@@ -62,6 +62,20 @@ def test_backward_bound_counts_only_the_crossed_blocks():
     assert split == pytest.approx(full + 320)
 
 
+def test_a_shared_prefix_is_counted_once():
+    s = roofline.ModelShape(layers=4, hidden=8, heads=2, head_dim=4, block_params=400,
+                            vocab=10, weight_bytes=0)
+    ledger = step.Ledger()
+    ledger.shape = s
+    ledger.calls["learn"] = [{"rows": 3, "width": 5, "head_rows": 2, "loss_rows": 2,
+                              "crossed": 0, "shared": 0}]
+    plain = step.stage_bounds(ledger, 1e-3, 1.0, 0)["learn"]
+    ledger.calls["learn"][0]["shared"] = 3
+    shared = step.stage_bounds(ledger, 1e-3, 1.0, 0)["learn"]
+    # positions 3 x 5 = 15 -> 3 + 3 x 2 = 9; query-key pairs 3 x 15 = 45 -> 6 + 3 x (6 + 3) = 33
+    assert plain - shared == pytest.approx(2 * 400 * 6 + 4 * 4 * 2 * 4 * 12)
+
+
 def test_spec_layers():
     assert step.spec_layers("last:6", 30) == 6 and step.spec_layers("last:60", 30) == 30
     assert step.spec_layers("all", 30) == 30 and step.spec_layers(["*.mlp.*"], 4) == 4

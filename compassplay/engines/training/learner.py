@@ -47,6 +47,7 @@ from compassplay.engines.training.logprobs import (
     unwrapped,
 )
 from compassplay.engines.training.policy_loss import ppo_loss
+from compassplay.engines.training.shared_prefix import grouped_by
 from compassplay.records import Role, Trajectory
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,8 @@ class PolicyLearner(Learner):
             # of the passes (same update; the normalizer still counts their tokens). One is kept
             # if all are zero so the optimizer steps on zero gradients exactly as before.
             idx = [i for i in idx if adv[i] != 0.0] or idx[:1]
+        if getattr(self.cfg, "share_prefix", False):  # equal prompts in one micro-batch
+            idx = grouped_by(idx, lambda i: tuple(trajs[i].generation.prompt_ids))
         loss_sum = clipped = kl_sum = ent_sum = ent_tok = 0.0
         chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
         mine = [(chunk, 1.0) for chunk in chunks[self.rank::self.world_size]]
@@ -259,7 +262,9 @@ class PolicyLearner(Learner):
             b = pack([trajs[i].generation for i in chunk], device=dev)
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
             logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],
-                                               b["targets"], b["mask"], autocast=self.autocast)
+                                               b["targets"], b["mask"], autocast=self.autocast,
+                                               share_prefix=getattr(self.cfg, "share_prefix",
+                                                                    False))
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():

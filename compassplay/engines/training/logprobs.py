@@ -6,6 +6,11 @@ from collections.abc import Sequence
 
 import torch
 
+from compassplay.engines.training.shared_prefix import (
+    hidden_after_prefix,
+    shared_prefix_len,
+    supports_shared_prefix,
+)
 from compassplay.records import Generation
 
 ENTROPY_ROWS = 1024  # positions per chunk of the entropy computation
@@ -76,7 +81,7 @@ def head_on_hidden(model: torch.nn.Module) -> bool:
 def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
                            attention_mask: torch.Tensor, targets: torch.Tensor,
                            positions: torch.Tensor | None = None,
-                           autocast: torch.dtype | None = None
+                           autocast: torch.dtype | None = None, share_prefix: bool = False
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`token_logprobs`, the policy's entropy at each position), both float32 [B, L-1] in
     nats at temperature 1; the entropy is detached (a logged statistic, no gradient).
@@ -90,20 +95,29 @@ def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
     their inputs to it and accumulate in float32; the residual stream and norms of a Llama or
     Qwen2 model stay float32), with the vocabulary head and log-softmax in float32 on the
     float32 hidden states. Only on the `head_on_hidden` path, where the head can be kept out
-    of it: elsewhere the forward stays in the weights' dtype."""
+    of it: elsewhere the forward stays in the weights' dtype.
+
+    share_prefix: on the same path, leading tokens that every row has in common (up to the
+    first needed position) are computed once (`shared_prefix.supports_shared_prefix` says
+    where)."""
     if positions is None or not head_on_hidden(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        use_cache=False).logits
         logp_all = torch.log_softmax(logits[:, :-1, :].float(), dim=-1)
         return logp_all.gather(-1, targets[..., None]).squeeze(-1), entropy_of(logp_all)
     model = unwrapped(model)
+    p = shared_prefix_len(input_ids, attention_mask, positions) \
+        if share_prefix and supports_shared_prefix(model) else 0
     with torch.autocast(input_ids.device.type, dtype=autocast or torch.bfloat16,
                         enabled=autocast is not None):
-        hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                  use_cache=False).last_hidden_state
+        if p:  # hidden states at positions p.. only; the ones before are never needed
+            hidden = hidden_after_prefix(model.base_model, input_ids, attention_mask, p)
+        else:
+            hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                      use_cache=False).last_hidden_state
     sel = positions.bool()
     head = model.get_output_embeddings()
-    rows = hidden[:, :-1][sel]
+    rows = hidden[:, :-1][sel[:, p:]]
     if autocast is not None:
         rows = rows.to(head.weight.dtype)
     logp_all = torch.log_softmax(head(rows).float(), dim=-1)              # [N, V]
