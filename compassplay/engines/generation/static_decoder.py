@@ -163,11 +163,12 @@ class StaticDecoder:
 
     def _pack_rows(self, rows: int) -> int:
         """The row count whose packs serve a `rows`-row matmul; one row count's packs at a
-        time (they cost memory). oneDNN packs made for more rows serve fewer (the same sums,
-        no slower: a row count dropping after `keep` would otherwise repack every weight,
-        0.15-0.25 s for SmolLM2-135M on 2 cores); MKL's take their row count."""
+        time (they cost memory). Packs made for more rows serve fewer, so a row count that
+        drops after `keep` repacks no weight (0.15-0.25 s in bfloat16, 1 s in float32 for
+        SmolLM2-135M on 2 cores): oneDNN's give the same sums as `F.linear`, no slower; MKL's
+        `_mkl_linear` runs `F.linear` on the unpacked weight for another row count."""
         held = next(iter(self._packed), None)
-        if held is None or not (held == rows or (self.pack == "onednn" and rows < held)):
+        if held is None or rows > held:
             self._packed = {rows: {}}
             return rows
         return held
@@ -350,10 +351,11 @@ class StaticDecoder:
             elif t0 == 0:  # a prefill: this call's keys and values are the whole cache
                 att = F.scaled_dot_product_attention(qk[:, :nh], qk[:, nh:], qkv[:, nqk:],
                                                      attn_mask=mask, enable_gqa=group > 1)
-            else:  # a prefill's later columns: against the cache's columns 0..end-1
+            else:  # a prefill's later columns: against the cache's columns 0..end-1, copied
+                # contiguous (SDPA on the strided views takes 2-3x as long on CPU)
                 att = F.scaled_dot_product_attention(
-                    qk[:, :nh], self._keys(kc, 0, end).transpose(-1, -2), vc[:, :, :end],
-                    attn_mask=mask, enable_gqa=group > 1)
+                    qk[:, :nh], self._keys(kc, 0, end).transpose(-1, -2).contiguous(),
+                    vc[:, :, :end].contiguous(), attn_mask=mask, enable_gqa=group > 1)
             att = att.reshape(bsz, nh, seq, d).transpose(1, 2).reshape(bsz, seq, nh * d)
             x.add_(self._linear(att, b.wo))  # float32 += (exactly upcast) matmul output
             h = self._rms(x, b.ln2)
