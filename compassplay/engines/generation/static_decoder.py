@@ -324,9 +324,9 @@ class StaticDecoder:
                  t0: int, kv: tuple[torch.Tensor, torch.Tensor] | None = None
                  ) -> torch.Tensor:
         """x: [B, S, H] float32 at cache columns t0..t0+S-1, pos: [B, S] positions,
-        mask: [B, 1, S, t0+S] bool (True = attend) for a prefill (S > 1; from t0 > 0 the
-        queries attend to the cached columns 0..t0+S-1), an additive [B, 1, 1, t0+1] (0 or
-        -inf) for a decode step. kv: the cache (keys, values) written and read (None: the
+        mask: [B, 1, S, t0+S] bool (True = attend) for a prefill (from t0 > 0 the queries
+        attend to the cached columns 0..t0+S-1), an additive [B, 1, 1, t0+1] (0 or -inf) for
+        a decode step. kv: the cache (keys, values) written and read (None: the
         decoder's). x is updated in place (the callers pass fresh embedding rows). Returns
         logits of the last column."""
         bsz, seq, _ = x.shape
@@ -336,6 +336,8 @@ class StaticDecoder:
         group = nh // nkv
         nqk = nh + nkv
         keys, values = kv if kv is not None else (self._k, self._v)
+        if seq == 1 and mask.dtype == torch.bool:  # a one-column prefill: the additive form
+            mask = torch.zeros(mask.shape, device=x.device).masked_fill_(~mask, float("-inf"))
         for i, b in enumerate(self.blocks):
             h = self._rms(x, b.ln1)
             qkv = self._linear(h, b.wqkv, b.bqkv).view(bsz, seq, nqk + nkv, d).transpose(1, 2)
