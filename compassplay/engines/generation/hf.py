@@ -4,7 +4,9 @@ Two decoders run the model. "static" (the default on CPU, for Llama and Qwen2 mo
 `engines.generation.static_decoder`, the same arithmetic on the module's weights with a preallocated KV
 cache, fused matmuls and, on CPU, MKL-packed weights for the decode steps (greedy outputs equal
 the "hf" decoder's; docs/measurements/generation-speed-2026-12-03). "hf": the module's own
-forward with its dynamic cache, for every other architecture (and `decoder="hf"`).
+forward with its dynamic cache, for every other architecture (and `decoder="hf"`). With the
+static decoder, rows that finished are dropped from the cache during a call (`_should_compact`);
+a row's draws do not depend on it (`sampling`).
 
 Per-token log-probs follow the convention in `compassplay.engines.generation.base` (unscaled logits,
 temperature 1, no top-p). Sampling draws from a `torch.Generator` seeded by

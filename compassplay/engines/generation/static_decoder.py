@@ -5,7 +5,9 @@ a mask and positions rebuilt per token, a cache grown by concatenation, ~15 modu
 each with its own Python call. `StaticDecoder` runs the same arithmetic on the module's
 weights with one fused matmul for q/k/v and one for gate/up per block, a KV cache allocated
 once per call for its whole length, a pad mask built once, and rotary tables computed once by
-the model's own `rotary_emb` (so every rope variant the model supports is followed).
+the model's own `rotary_emb` (so every rope variant the model supports is followed). Rows that
+share a prompt prefix have it prefilled once (`prefix_plan`, `start`), and `keep` drops rows
+(the engine's finished ones) between decode steps.
 
 Shapes: B rows (left-padded prompts), T prompt width, C = T + new tokens (cache capacity),
 H hidden size, nh query heads, nkv key/value heads, d head dim, V vocabulary.
