@@ -4,7 +4,9 @@ Two decoders run the model. "static" (the default on CPU, for Llama and Qwen2 mo
 `engines.generation.static_decoder`, the same arithmetic on the module's weights with a preallocated KV
 cache, fused matmuls and, on CPU, MKL-packed weights for the decode steps (greedy outputs equal
 the "hf" decoder's; docs/measurements/generation-speed-2026-12-03). "hf": the module's own
-forward with its dynamic cache, for every other architecture (and `decoder="hf"`).
+forward with its dynamic cache, for every other architecture (and `decoder="hf"`). With the
+static decoder, rows that finished are dropped from the cache during a call (`_should_compact`);
+a row's draws do not depend on it (`sampling`).
 
 Per-token log-probs follow the convention in `compassplay.engines.generation.base` (unscaled logits,
 temperature 1, no top-p). Sampling draws from a `torch.Generator` seeded by
@@ -79,6 +81,8 @@ class ModuleDecoder:
 
 
 DECODERS = ("auto", "static", "hf")
+COMPACT_MIN_ROWS = 1    # finished rows that make dropping them worth a cache copy
+COMPACT_MIN_STEPS = 8   # tokens an unfinished row may still need, for the same
 
 
 class HFGenerationEngine(GenerationEngine):
@@ -114,6 +118,7 @@ class HFGenerationEngine(GenerationEngine):
                                                              else [eos])]
         self.eos_token_ids = set(eos_list)
         self.template_eos = eos_list[0] if eos_list else None  # forced after a template
+        self.compact = True  # drop finished rows from a decoder that can (`_should_compact`)
         self._version = weight_version
         self._lock = threading.RLock()
         on_cpu = next(model.parameters()).device.type == "cpu"
@@ -218,7 +223,8 @@ class HFGenerationEngine(GenerationEngine):
                 ) -> tuple[list[tuple[list[int], list[float]]], list[str]]:
         """The KV-cache loop: row i under rows[i] (equal but for template, seed and cap; the
         first row's seed seeds the draws). Returns per prompt (completion ids, log-probs) and
-        finish reasons."""
+        finish reasons. A decoder with `keep` (the static one) drops finished rows
+        (`_should_compact`); `act` maps its rows to the prompts' indices."""
         params = rows[0]
         caps = [p.max_new_tokens for p in rows]
         longest = max(caps)
@@ -236,43 +242,72 @@ class HFGenerationEngine(GenerationEngine):
         reasons = ["length"] * bsz
         done = [False] * bsz
         cursors = [self._cursor(p) for p in rows] if params.template else None
-        eos_cols = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=dev)
         dec = self._decoder
         dec.refresh_if_changed()
         logits = dec.start(ids, pad, width + longest)
         sampler = TokenSampler(bsz, logits.shape[-1], dev)
+        act = list(range(bsz))  # the decoder's rows, as prompt indices
         for step in range(longest):
-            if cursors is None:
-                tok = sampler.sample(logits, params.temperature, params.top_p, gen)
-            else:  # templated: no end-of-sequence inside a segment; forced tokens override
-                masked = sampler.masked(logits, eos_cols)
-                for i, c in enumerate(cursors):
-                    if ban := c.banned():
-                        masked[i, ban] = float("-inf")
-                tok = sampler.sample(masked, params.temperature, params.top_p, gen)
-                forced = [(i, c.forced()) for i, c in enumerate(cursors) if c.forced() is not None]
-                if forced:
-                    rows, forced_ids = zip(*forced, strict=True)
-                    tok[list(rows)] = torch.tensor(forced_ids, dtype=tok.dtype, device=dev)
+            tok = self._pick(logits, sampler, cursors, act, params, gen)
             logp = sampler.logprobs(logits, tok)
             tok_l, logp_l = tok.tolist(), logp.tolist()
-            for i in range(bsz):
+            for j, i in enumerate(act):
                 if done[i]:
                     continue
-                comp[i].append(tok_l[i])
-                lps[i].append(logp_l[i])
+                comp[i].append(tok_l[j])
+                lps[i].append(logp_l[j])
                 if cursors is not None:
                     cursors[i].advance(comp[i])
                     if cursors[i].finished:
                         done[i], reasons[i] = True, "stop"
-                elif tok_l[i] in self.eos_token_ids or self._stopped(comp[i], params.stop):
+                elif tok_l[j] in self.eos_token_ids or self._stopped(comp[i], params.stop):
                     done[i], reasons[i] = True, "stop"
                 if not done[i] and len(comp[i]) >= caps[i]:
                     done[i] = True  # reason stays "length"
             if all(done) or step == longest - 1:
                 break
-            nxt = torch.tensor([self.pad_token_id if d else t for d, t in zip(done, tok_l,
-                                                                              strict=True)],
+            if self._should_compact(act, done, comp, caps):
+                keep = [j for j, i in enumerate(act) if not done[i]]
+                dec.keep(torch.tensor(keep, dtype=torch.long, device=dev))
+                act, tok_l = [act[j] for j in keep], [tok_l[j] for j in keep]
+            nxt = torch.tensor([self.pad_token_id if done[i] else t for i, t in zip(act, tok_l,
+                                                                                  strict=True)],
                                dtype=torch.long, device=dev)
             logits = dec.step(nxt)
         return list(zip(comp, lps, strict=True)), reasons
+
+    def _pick(self, logits: torch.Tensor, sampler: TokenSampler,
+              cursors: list[TemplateCursor] | None, act: list[int], params: SamplingParams,
+              gen: torch.Generator) -> torch.Tensor:
+        """The next token of each decoder row (logits [A, V] of prompts `act`) -> [A] long.
+        Templated: no end-of-sequence inside a segment, and forced tokens override."""
+        dev = logits.device
+        sel = None if len(act) == sampler.shape[0] else \
+            torch.tensor(act, dtype=torch.long, device=dev)
+        if cursors is None:
+            return sampler.sample(logits, params.temperature, params.top_p, gen, sel)
+        eos_cols = torch.tensor(sorted(self.eos_token_ids), dtype=torch.long, device=dev)
+        masked = sampler.masked(logits, eos_cols)
+        for j, i in enumerate(act):
+            if ban := cursors[i].banned():
+                masked[j, ban] = float("-inf")
+        tok = sampler.sample(masked, params.temperature, params.top_p, gen, sel)
+        forced = [(j, f) for j, i in enumerate(act) if (f := cursors[i].forced()) is not None]
+        if forced:
+            at, forced_ids = zip(*forced, strict=True)
+            tok[list(at)] = torch.tensor(forced_ids, dtype=tok.dtype, device=dev)
+        return tok
+
+    def _should_compact(self, act: list[int], done: list[bool], comp: list[list[int]],
+                        caps: list[int]) -> bool:
+        """Whether to drop the finished rows from the decoder now: it can (`keep`), at least
+        a quarter of its rows (and `COMPACT_MIN_ROWS`) are finished, and an unfinished row
+        may still run `COMPACT_MIN_STEPS` tokens (a finished row costs ~1 ms a step at
+        SmolLM2-135M's shape on 2 cores; the copy of the cache ~1-3 ms a row)."""
+        if not self.compact or not hasattr(self._decoder, "keep"):
+            return False
+        finished = sum(done[i] for i in act)
+        if finished < max(COMPACT_MIN_ROWS, len(act) / 4):
+            return False
+        left = max((caps[i] - len(comp[i]) for i in act if not done[i]), default=0)
+        return left >= COMPACT_MIN_STEPS

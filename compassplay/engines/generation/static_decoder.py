@@ -5,7 +5,9 @@ a mask and positions rebuilt per token, a cache grown by concatenation, ~15 modu
 each with its own Python call. `StaticDecoder` runs the same arithmetic on the module's
 weights with one fused matmul for q/k/v and one for gate/up per block, a KV cache allocated
 once per call for its whole length, a pad mask built once, and rotary tables computed once by
-the model's own `rotary_emb` (so every rope variant the model supports is followed).
+the model's own `rotary_emb` (so every rope variant the model supports is followed). Rows that
+share a prompt prefix have it prefilled once (`prefix_plan`, `start`), and `keep` drops rows
+(the engine's finished ones) between decode steps.
 
 Shapes: B rows (left-padded prompts), T prompt width, C = T + new tokens (cache capacity),
 H hidden size, nh query heads, nkv key/value heads, d head dim, V vocabulary.
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from compassplay.engines.generation.prefix_plan import PrefixPlan, plan_prefix
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
 
@@ -98,6 +102,7 @@ class StaticDecoder:
         # whose MKL sums the float32 decoder's outputs are pinned to
         self.keys_transposed = self.dtype == torch.bfloat16
         self._packed: dict[int, dict[int, torch.Tensor]] = {}  # rows -> id(weight) -> pack
+        self.share_prefixes = True  # `start` prefills a shared prompt prefix once
         self.refresh()
         self._t = 0
 
@@ -148,8 +153,7 @@ class StaticDecoder:
         rows = x.shape[0]
         if self.pack is None or x.shape[1] != 1 or x.device.type != "cpu":
             return F.linear(x, w, b)
-        if rows not in self._packed:  # one row count's packs at a time (they cost memory)
-            self._packed = {rows: {}}
+        rows = self._pack_rows(rows)
         packs = self._packed[rows]
         if self.pack == "mkl":
             if (pw := packs.get(id(w))) is None:
@@ -158,6 +162,18 @@ class StaticDecoder:
         if (pw := packs.get(id(w))) is None:
             pw = packs[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w, rows)
         return torch.ops.mkldnn._linear_pointwise(x, pw, b, "none", [], "")
+
+    def _pack_rows(self, rows: int) -> int:
+        """The row count whose packs serve a `rows`-row matmul; one row count's packs at a
+        time (they cost memory). Packs made for more rows serve fewer, so a row count that
+        drops after `keep` repacks no weight (0.15-0.25 s in bfloat16, 1 s in float32 for
+        SmolLM2-135M on 2 cores): oneDNN's give the same sums as `F.linear`, no slower; MKL's
+        `_mkl_linear` runs `F.linear` on the unpacked weight for another row count."""
+        held = next(iter(self._packed), None)
+        if held is None or rows > held:
+            self._packed = {rows: {}}
+            return rows
+        return held
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """RMS norm in float32 (as the HF modules compute it) -> the matmul dtype."""
@@ -171,7 +187,8 @@ class StaticDecoder:
     def start(self, ids: torch.Tensor, pad: torch.Tensor, capacity: int) -> torch.Tensor:
         """Prefill. ids: [B, T] long (left-padded), pad: [B] long (pad count per row),
         capacity: C >= T. Returns the last position's logits [B, V] float32. Equal rows (n
-        samples of one prompt) are prefilled once and their cache copied."""
+        samples of one prompt) are prefilled once and their cache copied; distinct rows that
+        share a long enough prefix prefill it once (`prefix_plan`, `_prefill_shared`)."""
         bsz, width = ids.shape
         if capacity < width:
             raise ValueError(f"capacity {capacity} < prompt width {width}")
@@ -182,19 +199,80 @@ class StaticDecoder:
         upad = pad if inverse is None else \
             torch.zeros(len(uniq), dtype=pad.dtype, device=dev).scatter_(0, inverse, pad)
         valid = self._alloc(len(uniq), upad, capacity, dev)
-        cols = torch.arange(width, device=dev)
-        pos = (cols[None, :] - upad[:, None]).clamp(min=0)     # [U, T]
-        causal = torch.ones((width, width), dtype=torch.bool, device=dev).tril()
-        mask = causal[None] & valid[:, None, :width]            # [U, T, T]
-        mask |= torch.eye(width, dtype=torch.bool, device=dev)[None]  # pad rows see themselves
         self._t = 0
-        logits = self._forward(self.embed[uniq].float(), pos, mask[:, None], 0)
+        plan = plan_prefix([r[p:] for r, p in zip(uniq.tolist(), upad.tolist(), strict=True)],
+                           width) if self.share_prefixes else None
+        if plan is None:
+            logits = self._prefill(uniq, upad, valid)
+        else:
+            logits = self._prefill_shared(uniq, upad, plan)
         if inverse is not None:
             self._k, self._v = self._k[:, inverse], self._v[:, inverse]
             self._bias, logits = self._bias[inverse], logits[inverse]
         self._pad = pad
         self._t = width
         return logits
+
+    def _prefill(self, ids: torch.Tensor, pad: torch.Tensor, valid: torch.Tensor
+                 ) -> torch.Tensor:
+        """Every column of every row at once. ids: [U, T], pad: [U], valid: [U, C] bool ->
+        last logits [U, V]."""
+        width, dev = ids.shape[1], ids.device
+        cols = torch.arange(width, device=dev)
+        pos = (cols[None, :] - pad[:, None]).clamp(min=0)     # [U, T]
+        causal = torch.ones((width, width), dtype=torch.bool, device=dev).tril()
+        mask = causal[None] & valid[:, None, :width]            # [U, T, T]
+        mask |= torch.eye(width, dtype=torch.bool, device=dev)[None]  # pad rows see themselves
+        return self._forward(self.embed[ids].float(), pos, mask[:, None], 0)
+
+    def _prefill_shared(self, ids: torch.Tensor, pad: torch.Tensor, plan: PrefixPlan
+                        ) -> torch.Tensor:
+        """`plan`'s row-alone passes fill columns before c0 = plan.start (their keys/values
+        copied to each member row), then one pass computes columns c0..T-1 of every row,
+        attending to the cached columns before it. ids: [U, T], pad: [U] -> logits [U, V].
+        Pad columns before c0 keep zero keys/values (masked, as the decode steps mask them)."""
+        width, dev, c0 = ids.shape[1], ids.device, plan.start
+        pads = pad.tolist()
+        for p in plan.passes:
+            first = pads[p.source]
+            self._prefill_prefix(ids[p.source, first:first + p.length],
+                                 [(row, pads[row], n) for row, n in p.members])
+        qcols = torch.arange(c0, width, device=dev)               # [S] query columns
+        kcols = torch.arange(width, device=dev)                   # [T] key columns
+        pos = (qcols[None, :] - pad[:, None]).clamp(min=0)       # [U, S]
+        mask = (kcols[None, None, :] >= pad[:, None, None]) & \
+            (kcols[None, None, :] <= qcols[None, :, None])       # [U, S, T]: pad_i <= key <= c
+        mask |= (kcols[None, :] == qcols[:, None])[None]         # pad columns see themselves
+        return self._forward(self.embed[ids[:, c0:]].float(), pos, mask[:, None], c0)
+
+    def _prefill_prefix(self, tokens: torch.Tensor, targets: list[tuple[int, int, int]]
+                        ) -> None:
+        """Prefill tokens [P] alone (positions 0..P-1) on a scratch cache and copy its first
+        n keys/values to each target (row, first column, n) of the cache."""
+        n_tok = len(tokens)
+        kv = self._cache_tensors(1, n_tok, tokens.device)
+        causal = torch.ones((n_tok, n_tok), dtype=torch.bool, device=tokens.device).tril()
+        pos = torch.arange(n_tok, device=tokens.device)[None]
+        self._forward(self.embed[tokens][None].float(), pos, causal[None, None], 0, kv=kv)
+        for row, first, n in targets:
+            self._key_cols(self._k, row, first, first + n).copy_(
+                self._key_cols(kv[0], 0, 0, n))
+            self._v[:, row, :, first:first + n] = kv[1][:, 0, :, :n]
+
+    def _key_cols(self, k: torch.Tensor, row: int, start: int, end: int) -> torch.Tensor:
+        """A view of cached keys k (`_cache_tensors` layout) of one row at columns
+        start..end-1, every block: [L, nkv, d, n] (transposed keys) or [L, nkv, n, d]."""
+        return k[:, row, ..., start:end] if self.keys_transposed else \
+            k[:, row, :, start:end]
+
+    def _cache_tensors(self, rows: int, capacity: int, dev: torch.device
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Zeroed keys and values for `rows` rows of `capacity` columns (see `_alloc`)."""
+        kshape = (self.d, capacity) if self.keys_transposed else (capacity, self.d)
+        return (torch.zeros((len(self.blocks), rows, self.nkv, *kshape), dtype=self.dtype,
+                            device=dev),
+                torch.zeros((len(self.blocks), rows, self.nkv, capacity, self.d),
+                            dtype=self.dtype, device=dev))
 
     def _alloc(self, rows: int, pad: torch.Tensor, capacity: int, dev: torch.device
                ) -> torch.Tensor:
@@ -204,11 +282,7 @@ class StaticDecoder:
         keys: a bfloat16 decode step's `q @ K^T` reads [d, t] slices with contiguous rows,
         which the batched matmul copies at half the cost of a transposed [t, d] slice (the
         same sums, bit for bit)."""
-        kshape = (self.d, capacity) if self.keys_transposed else (capacity, self.d)
-        self._k = torch.zeros((len(self.blocks), rows, self.nkv, *kshape),
-                              dtype=self.dtype, device=dev)
-        self._v = torch.zeros((len(self.blocks), rows, self.nkv, capacity, self.d),
-                              dtype=self.dtype, device=dev)
+        self._k, self._v = self._cache_tensors(rows, capacity, dev)
         cols = torch.arange(capacity, device=dev)
         valid = cols[None, :] >= pad[:, None]
         self._bias = torch.zeros((rows, 1, 1, capacity), device=dev
@@ -228,39 +302,64 @@ class StaticDecoder:
         self._t = t + 1
         return logits
 
-    def _keys(self, block: int, start: int, end: int) -> torch.Tensor:
-        """A view of `block`'s cached keys at columns start..end-1 as K^T [B, nkv, d, n]."""
-        kc = self._k[block]
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only the current rows `rows` ([A] long, in their new order) for the next
+        steps: the cache's columns written so far, the key mask and the pad counts. Columns
+        from the next one on are left uninitialised (each step writes its column before it
+        reads it)."""
+        t = self._t
+        k, v = self._k, self._v
+        self._k, self._v = torch.empty_like(k[:, :len(rows)]), torch.empty_like(v[:, :len(rows)])
+        for j, r in enumerate(rows.tolist()):
+            self._key_cols(self._k, j, 0, t).copy_(self._key_cols(k, r, 0, t))
+            self._v[:, j, :, :t] = v[:, r, :, :t]
+        self._bias = self._bias.index_select(0, rows)
+        self._pad = self._pad.index_select(0, rows)
+
+    def _keys(self, kc: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """A view of one block's cached keys kc at columns start..end-1 as K^T
+        [B, nkv, d, n]."""
         return kc[..., start:end] if self.keys_transposed else \
             kc[:, :, start:end].transpose(-1, -2)
 
     def _forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-                 t0: int) -> torch.Tensor:
+                 t0: int, kv: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
         """x: [B, S, H] float32 at cache columns t0..t0+S-1, pos: [B, S] positions,
-        mask: [B, 1, S, t0+S] bool (True = attend) for a prefill, an additive [B, 1, 1, t0+1]
-        (0 or -inf) for a decode step; a prefill starts at t0 = 0. x is updated in place (the
-        callers pass fresh embedding rows). Returns logits of the last column."""
+        mask: [B, 1, S, t0+S] bool (True = attend) for a prefill (from t0 > 0 the queries
+        attend to the cached columns 0..t0+S-1), an additive [B, 1, 1, t0+1] (0 or -inf) for
+        a decode step. kv: the cache (keys, values) written and read (None: the
+        decoder's). x is updated in place (the callers pass fresh embedding rows). Returns
+        logits of the last column."""
         bsz, seq, _ = x.shape
         nh, nkv, d = self.nh, self.nkv, self.d
         cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # [B, 1, S, d]
         end = t0 + seq
         group = nh // nkv
         nqk = nh + nkv
+        keys, values = kv if kv is not None else (self._k, self._v)
+        if seq == 1 and mask.dtype == torch.bool:  # a one-column prefill: the additive form
+            mask = torch.zeros(mask.shape, device=x.device).masked_fill_(~mask, float("-inf"))
         for i, b in enumerate(self.blocks):
             h = self._rms(x, b.ln1)
             qkv = self._linear(h, b.wqkv, b.bqkv).view(bsz, seq, nqk + nkv, d).transpose(1, 2)
             qk = self._rope(qkv[:, :nqk].float(), cos, sin).to(self.dtype)  # [B, nh+nkv, S, d]
-            vc = self._v[i]  # [B, nkv, C, d]
-            self._keys(i, t0, end).copy_(qk[:, nh:].transpose(-1, -2))
+            kc, vc = keys[i], values[i]  # [B, nkv, C, d] (keys maybe [B, nkv, d, C])
+            self._keys(kc, t0, end).copy_(qk[:, nh:].transpose(-1, -2))
             vc[:, :, t0:end] = qkv[:, nqk:]
             if seq == 1:  # decode: a group's queries as rows against its one KV head
                 q = qk[:, :nh].reshape(bsz, nkv, group, d)
-                scores = torch.matmul(q, self._keys(i, 0, end)).float().mul_(self.scale)
+                scores = torch.matmul(q, self._keys(kc, 0, end)).float().mul_(self.scale)
                 att = torch.matmul(torch.softmax(scores.add_(mask), dim=-1).to(self.dtype),
                                    vc[:, :, :end])
-            else:  # a prefill (t0 = 0): this call's keys and values are the whole cache
+            elif t0 == 0:  # a prefill: this call's keys and values are the whole cache
                 att = F.scaled_dot_product_attention(qk[:, :nh], qk[:, nh:], qkv[:, nqk:],
                                                      attn_mask=mask, enable_gqa=group > 1)
+            else:  # a prefill's later columns: against the cache's columns 0..end-1, copied
+                # contiguous (SDPA on the strided views takes 2-3x as long on CPU)
+                att = F.scaled_dot_product_attention(
+                    qk[:, :nh], self._keys(kc, 0, end).transpose(-1, -2).contiguous(),
+                    vc[:, :, :end].contiguous(), attn_mask=mask, enable_gqa=group > 1)
             att = att.reshape(bsz, nh, seq, d).transpose(1, 2).reshape(bsz, seq, nh * d)
             x.add_(self._linear(att, b.wo))  # float32 += (exactly upcast) matmul output
             h = self._rms(x, b.ln2)
