@@ -112,10 +112,14 @@ def stream_seconds_in(model: torch.nn.Module, dtype: torch.dtype) -> float:
 
 
 def generation_bounds(s: ModelShape, rows: int, prompt: int, new: int, stream_s: float,
-                      rate: float) -> dict[str, float]:
+                      rate: float, prefill_columns: int | None = None) -> dict[str, float]:
     """Both bounds (seconds) of one generate call: rows prompts of `prompt` tokens each, `new`
-    tokens each (the last one needs no forward)."""
-    prefill = transformer_flops(s, rows * prompt, rows * prompt * (prompt + 1) / 2, rows) / rate
+    tokens each (the last one needs no forward). `prefill_columns`: the positions the engine's
+    prefill computed when fewer than rows x prompt (equal rows once, a shared prefix once);
+    the attention's work is scaled by the same share."""
+    share = 1.0 if prefill_columns is None else prefill_columns / (rows * prompt)
+    prefill = transformer_flops(s, share * rows * prompt,
+                                share * rows * prompt * (prompt + 1) / 2, rows) / rate
     steps = max(new - 1, 0)
     decode_flops = [transformer_flops(s, rows, rows * (prompt + i + 1), rows)
                     for i in range(steps)]

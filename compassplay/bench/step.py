@@ -122,6 +122,7 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
         ledger.calls["generate"].append({
             "rows": len(prompts), "width": max(map(len, prompts)),
             "prompt_tokens": sum(map(len, prompts)),
+            "prefill_columns": getattr(self._decoder, "prefill_columns", None),
             "steps": max((len(g.completion_ids) for g in out), default=0)})
         return out
 
@@ -192,7 +193,8 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
         return blocks + 2.0 * s.vocab * s.hidden * head_rows
 
     gen = sum(roofline.generation_bounds(s, c["rows"], c["width"], c["steps"], stream_s,
-                                         rate)["bound_s"] for c in ledger.calls["generate"])
+                                         rate, c.get("prefill_columns"))["bound_s"]
+              for c in ledger.calls["generate"])
     learn = sum(fwd(c["rows"], c["width"], c["head_rows"], c.get("shared", 0))
                 + bwd(c["rows"], c["width"], c["head_rows"], c["crossed"], c.get("shared", 0))
                 for c in ledger.calls["learn"]) / rate

@@ -115,6 +115,10 @@ def test_roofline_counts_follow_the_model():
     assert long["decode_stream_s"] == pytest.approx(7e-3) and short["decode_stream_s"] == \
         pytest.approx(3e-3)
     assert long["roofline_s"] >= long["bound_s"] > short["bound_s"]
+    # an engine that prefilled half the columns (a shared prefix, equal rows once)
+    half = roofline.generation_bounds(s, 2, 8, 4, 1e-3, 1e9, prefill_columns=8)
+    head = 2 * s.vocab * s.hidden * 2 / 1e9  # the last position's logits of both rows
+    assert half["prefill_s"] == pytest.approx((short["prefill_s"] - head) / 2 + head)
 
 
 def test_bench_generate_bf16_carries_its_own_bound_and_the_distribution_shift():

@@ -103,6 +103,7 @@ class StaticDecoder:
         self.keys_transposed = self.dtype == torch.bfloat16
         self._packed: dict[int, dict[int, torch.Tensor]] = {}  # rows -> id(weight) -> pack
         self.share_prefixes = True  # `start` prefills a shared prompt prefix once
+        self.prefill_columns = 0  # columns (positions x rows) the last `start` computed
         self.refresh()
         self._t = 0
 
@@ -204,8 +205,11 @@ class StaticDecoder:
                            width) if self.share_prefixes else None
         if plan is None:
             logits = self._prefill(uniq, upad, valid)
+            self.prefill_columns = len(uniq) * width
         else:
             logits = self._prefill_shared(uniq, upad, plan)
+            self.prefill_columns = len(uniq) * (width - plan.start) + \
+                sum(p.length for p in plan.passes)
         if inverse is not None:
             self._k, self._v = self._k[:, inverse], self._v[:, inverse]
             self._bias, logits = self._bias[inverse], logits[inverse]

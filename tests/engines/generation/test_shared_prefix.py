@@ -74,6 +74,9 @@ def test_shared_prefix_prefill_equals_the_plain_prefill(arch, dtype, monkeypatch
     with torch.no_grad():
         a, b = shared.start(ids, pad, width + 4), plain.start(ids, pad, width + 4)
         assert len(calls) == 1 and calls[0].start > 0  # the shared path ran
+        plan, distinct = calls[0], len({tuple(r) for r in rows})  # columns computed (bench)
+        assert shared.prefill_columns == distinct * (width - plan.start) + sum(
+            p.length for p in plan.passes) < plain.prefill_columns == distinct * width
         torch.testing.assert_close(a, b, **tol)
         if dtype == torch.float32:
             torch.testing.assert_close(a, oracle_logits(model, rows), atol=1e-4, rtol=1e-4)
