@@ -11,7 +11,9 @@ and `fraction_of_bound` = bound / seconds. Generation's bound is float32's (the 
 stream and float32 matmuls); when the engines decode in bfloat16 (`decode_dtype`), the bound of
 that work (a bfloat16 copy's stream, bfloat16 matmuls) is `generate_bf16` beside it; when the
 learner runs under bfloat16 autocast (`learner.autocast`), `learn_bf16` is its bound with the
-blocks at the bfloat16 matmul rate and the float32 head at float32's. Counted FLOPs: 2 per
+blocks at the bfloat16 matmul rate and the float32 head at float32's; when the reference
+gradient's passes run under autocast (`scorer.reference_autocast`), `score_bf16` counts them
+at the bfloat16 rate. Counted FLOPs: 2 per
 weight per token for the
 blocks, the attention's score and value products, the vocabulary head where logits are taken;
 a backward costs twice the forward of the blocks it crosses plus the head's input gradient.
@@ -148,7 +150,8 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
         n, width = batch.ids.shape
         ledger.calls["score"].append({"rows": int(n), "width": int(width),
                                       "head_rows": int(n * (keep or width)),
-                                      "grad": out.requires_grad})
+                                      "grad": out.requires_grad, "autocast":
+                                      torch.is_autocast_enabled(batch.ids.device.type)})
         return out
 
     hf_generation.HFGenerationEngine.__init__ = init
@@ -167,7 +170,8 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
 
 
 def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: int,
-                 head_rate: float | None = None) -> dict[str, float]:
+                 head_rate: float | None = None, autocast_rate: float | None = None
+                 ) -> dict[str, float]:
     """Bound seconds per stage from the ledger: "generate" (propose and solve together),
     "learn", "score"; the learner's vocabulary-head FLOPs at `head_rate` where given (an
     autocast learner keeps its head in float32), else at `rate`."""
@@ -201,9 +205,11 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
     if head_rate is not None:  # move the head's forward and backward FLOPs to head_rate
         head = sum(4.0 * s.vocab * s.hidden * c["head_rows"] for c in ledger.calls["learn"])
         learn += head / head_rate - head / rate
-    score = sum(fwd(c["rows"], c["width"], c["head_rows"])
-                + (bwd(c["rows"], c["width"], c["head_rows"], score_crossed) if c["grad"]
-                   else 0.0) for c in ledger.calls["score"]) / rate
+    score = sum((fwd(c["rows"], c["width"], c["head_rows"])
+                 + (bwd(c["rows"], c["width"], c["head_rows"], score_crossed) if c["grad"]
+                    else 0.0))
+                / (autocast_rate if autocast_rate and c.get("autocast") else rate)
+                for c in ledger.calls["score"])
     return {"generate": gen, "learn": learn, "score": score}
 
 
@@ -224,15 +230,19 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
     assert model is not None and ledger.shape is not None
     stream = roofline.stream_seconds(model)
     rate = roofline.model_matmul_rate(model, 2048)
-    bounds = stage_bounds(ledger, stream, rate, spec_layers(cfg.scorer.params,
-                                                            ledger.shape.layers))
-    if "bfloat16" in ledger.decode_dtypes | ledger.learn_dtypes:
+    score_crossed = spec_layers(cfg.scorer.params, ledger.shape.layers)
+    bounds = stage_bounds(ledger, stream, rate, score_crossed)
+    score_autocast = any(c.get("autocast") for c in ledger.calls["score"])
+    if "bfloat16" in ledger.decode_dtypes | ledger.learn_dtypes or score_autocast:
         rate16 = roofline.model_matmul_rate(model, 2048, torch.bfloat16)
     if ledger.decode_dtypes == {"bfloat16"}:  # the bound of the work generation did
         stream16 = roofline.stream_seconds_in(model, torch.bfloat16)
         bounds["generate_bf16"] = stage_bounds(ledger, stream16, rate16, 0)["generate"]
     if ledger.learn_dtypes == {"bfloat16"}:  # autocast blocks, float32 head
         bounds["learn_bf16"] = stage_bounds(ledger, stream, rate16, 0, head_rate=rate)["learn"]
+    if score_autocast:  # the reference's passes under autocast (scorer.reference_autocast)
+        bounds["score_bf16"] = stage_bounds(ledger, stream, rate, score_crossed,
+                                            autocast_rate=rate16)["score"]
     stage = {k: sum(r["stage_seconds"].get(k, 0.0) for r in rows) for k in
              ("propose", "solve", "validate", "grade", "score", "learn")}
     gen_s = stage["propose"] + stage["solve"]
@@ -254,7 +264,9 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
                               **({"generate_bf16": bounds["generate_bf16"] / gen_s}
                                  if "generate_bf16" in bounds and gen_s else {}),
                               **({"learn_bf16": bounds["learn_bf16"] / stage["learn"]}
-                                 if "learn_bf16" in bounds and stage["learn"] else {})},
+                                 if "learn_bf16" in bounds and stage["learn"] else {}),
+                              **({"score_bf16": bounds["score_bf16"] / stage["score"]}
+                                 if "score_bf16" in bounds and stage["score"] else {})},
         "work": {k: len(v) for k, v in ledger.calls.items()}}
 
 

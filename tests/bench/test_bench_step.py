@@ -76,6 +76,19 @@ def test_a_shared_prefix_is_counted_once():
     assert plain - shared == pytest.approx(2 * 400 * 6 + 4 * 4 * 2 * 4 * 12)
 
 
+def test_autocast_score_passes_are_counted_at_their_own_rate():
+    s = roofline.ModelShape(layers=4, hidden=8, heads=2, head_dim=4, block_params=400,
+                            vocab=10, weight_bytes=0)
+    ledger = step.Ledger()
+    ledger.shape = s
+    ledger.calls["score"] = [{"rows": 1, "width": 2, "head_rows": 1, "grad": False,
+                              "autocast": True},
+                             {"rows": 1, "width": 2, "head_rows": 1, "grad": False}]
+    plain = step.stage_bounds(ledger, 1e-3, 1.0, 0)["score"]
+    mixed = step.stage_bounds(ledger, 1e-3, 1.0, 0, autocast_rate=2.0)["score"]
+    assert mixed == pytest.approx(plain * 3 / 4)  # one of two equal passes at twice the rate
+
+
 def test_spec_layers():
     assert step.spec_layers("last:6", 30) == 6 and step.spec_layers("last:60", 30) == 30
     assert step.spec_layers("all", 30) == 30 and step.spec_layers(["*.mlp.*"], 4) == 4
