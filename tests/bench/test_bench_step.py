@@ -44,11 +44,16 @@ def test_bench_step_sets_bfloat16_generation_and_learning_against_their_own_boun
         out["bound_s"]["learn_bf16"] / out["stage_seconds"]["learn"])
 
 
-def test_backward_bound_counts_only_the_crossed_blocks():
-    s = roofline.ModelShape(layers=4, hidden=8, heads=2, head_dim=4, block_params=400,
-                            vocab=10, weight_bytes=0)
+def _toy_ledger() -> step.Ledger:
+    """An empty ledger of a 4-layer toy shape (400 block parameters, vocabulary 10)."""
     ledger = step.Ledger()
-    ledger.shape = s
+    ledger.shape = roofline.ModelShape(layers=4, hidden=8, heads=2, head_dim=4,
+                                       block_params=400, vocab=10, weight_bytes=0)
+    return ledger
+
+
+def test_backward_bound_counts_only_the_crossed_blocks():
+    ledger = _toy_ledger()
     ledger.calls["learn"] = [{"rows": 1, "width": 2, "head_rows": 1, "loss_rows": 1,
                               "crossed": 0}]
     frozen = step.stage_bounds(ledger, 1e-3, 1.0, 0)["learn"]
@@ -63,10 +68,7 @@ def test_backward_bound_counts_only_the_crossed_blocks():
 
 
 def test_a_shared_prefix_is_counted_once():
-    s = roofline.ModelShape(layers=4, hidden=8, heads=2, head_dim=4, block_params=400,
-                            vocab=10, weight_bytes=0)
-    ledger = step.Ledger()
-    ledger.shape = s
+    ledger = _toy_ledger()
     ledger.calls["learn"] = [{"rows": 3, "width": 5, "head_rows": 2, "loss_rows": 2,
                               "crossed": 0, "shared": 0}]
     plain = step.stage_bounds(ledger, 1e-3, 1.0, 0)["learn"]
@@ -77,10 +79,7 @@ def test_a_shared_prefix_is_counted_once():
 
 
 def test_autocast_score_passes_are_counted_at_their_own_rate():
-    s = roofline.ModelShape(layers=4, hidden=8, heads=2, head_dim=4, block_params=400,
-                            vocab=10, weight_bytes=0)
-    ledger = step.Ledger()
-    ledger.shape = s
+    ledger = _toy_ledger()
     ledger.calls["score"] = [{"rows": 1, "width": 2, "head_rows": 1, "grad": False,
                               "autocast": True},
                              {"rows": 1, "width": 2, "head_rows": 1, "grad": False}]
