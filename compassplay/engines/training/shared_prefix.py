@@ -19,7 +19,7 @@ import torch
 
 MIN_SHARED = 16  # positions: below this a second forward call costs more than it saves
 # architectures whose forward with a repeated cache equals the padded forward
-# (tests/engines/training/test_shared_prefix.py)
+# (tests/engines/training/test_learner_shared_prefix.py)
 SHARED_PREFIX_TYPES = ("llama", "qwen2", "gpt2")
 
 
