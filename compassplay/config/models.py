@@ -208,8 +208,8 @@ class LearnerSection(Section):
         "every row has in common (the solver's samples of one task, the proposer's prompts of "
         "one task type) go through the model once, their keys and values repeated for the "
         "rows (same loss and gradient as the padded forward; Llama, Qwen2, GPT-2, without "
-        "gradient_checkpointing or dropout); equal prompts are made adjacent before forming "
-        "micro-batches")
+        "gradient_checkpointing or dropout, num_ranks 1: ZeRO-3 ranks must make the same "
+        "module calls); equal prompts are made adjacent before forming micro-batches")
     gradient_checkpointing: bool = Field(False, description="recompute each transformer "
                                          "block's activations in the backward pass instead of "
                                          "keeping them (about a third more compute; the "

@@ -184,6 +184,9 @@ class PolicyLearner(Learner):
         self._version = 0
         first = next(iter(slots.values()))
         self.rank, self.world_size = first.rank, first.world_size
+        # learner.share_prefix on one rank only: ZeRO-3 ranks gather parameters per module
+        # call, so a rank running a prefix pass where another does not would desynchronize them
+        self.share_prefix = bool(getattr(cfg, "share_prefix", False)) and self.world_size == 1
         # the forward's autocast dtype (learner.autocast; None: the weights' own dtype)
         self.autocast = resolve_autocast(getattr(cfg, "autocast", "none"),
                                          unwrapped(first.module))
@@ -251,7 +254,7 @@ class PolicyLearner(Learner):
             # of the passes (same update; the normalizer still counts their tokens). One is kept
             # if all are zero so the optimizer steps on zero gradients exactly as before.
             idx = [i for i in idx if adv[i] != 0.0] or idx[:1]
-        if getattr(self.cfg, "share_prefix", False):  # equal prompts in one micro-batch
+        if self.share_prefix:  # equal prompts in one micro-batch
             idx = grouped_by(idx, lambda i: tuple(trajs[i].generation.prompt_ids))
         loss_sum = clipped = kl_sum = ent_sum = ent_tok = 0.0
         chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
@@ -263,8 +266,7 @@ class PolicyLearner(Learner):
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
             logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],
                                                b["targets"], b["mask"], autocast=self.autocast,
-                                               share_prefix=getattr(self.cfg, "share_prefix",
-                                                                    False))
+                                               share_prefix=self.share_prefix)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():

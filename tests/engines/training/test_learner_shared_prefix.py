@@ -150,6 +150,7 @@ def test_the_learner_update_is_the_same_with_and_without_sharing(learner_cfg, mo
     for share in (False, True):
         model = tiny_causal_lm(seed=4)
         learner = make_learner(cfg.model_copy(update={"share_prefix": share}), model)
+        assert learner.share_prefix == share  # one rank: as configured
         slot = learner.slots["policy"]
         step = slot.step
 
