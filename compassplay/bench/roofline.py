@@ -7,6 +7,8 @@ weights once, a plain matmul's FLOP/s at a stage's shape, and the bounds built f
   the fastest of `reps`; at the prefill's rows this is the machine's compute speed.
   Both take the best repetition, not the median: on a shared or throttled machine a median
   taken at a slow moment makes the bound loose (a stage could even exceed it).
+- `torch_threads`: measure at the intra-op threads the measured work ran with (a run's
+  workers may leave the process at another count).
 - `transformer_flops`: the matmul FLOPs of a Llama-style forward (2 per weight per token for
   the blocks, the attention's 2 x 2 x ctx x heads x head_dim per token and layer, and the
   vocabulary head where logits are needed); a backward costs twice its forward.
@@ -17,8 +19,10 @@ weights once, a plain matmul's FLOP/s at a stage's shape, and the bounds built f
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -61,6 +65,17 @@ def transformer_flops(s: ModelShape, tokens: int, ctx_sum: float, logit_rows: in
     vocabulary logits at `logit_rows` of them."""
     return 2.0 * s.block_params * tokens + 4.0 * s.layers * s.heads * s.head_dim * ctx_sum \
         + 2.0 * s.vocab * s.hidden * logit_rows
+
+
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """torch's intra-op threads set to n inside the block, restored after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def stream_seconds(model: torch.nn.Module, reps: int = 10) -> float:

@@ -13,8 +13,8 @@ that work (a bfloat16 copy's stream, bfloat16 matmuls) is `generate_bf16` beside
 learner runs under bfloat16 autocast (`learner.autocast`), `learn_bf16` is its bound with the
 blocks at the bfloat16 matmul rate and the float32 head at float32's; when the reference
 gradient's passes run under autocast (`scorer.reference_autocast`), `score_bf16` counts them
-at the bfloat16 rate. Counted FLOPs: 2 per
-weight per token for the
+at the bfloat16 rate. The bounds are measured after the run at the torch intra-op threads
+the stages ran with (`threads` in the output). Counted FLOPs: 2 per weight per token for the
 blocks, the attention's score and value products, the vocabulary head where logits are taken;
 a backward costs twice the forward of the blocks it crosses plus the head's input gradient.
 Not counted: norms, rotary, softmax and other element-wise work, the verifiers (stages
@@ -74,6 +74,7 @@ class Ledger:
         self.model: torch.nn.Module | None = None
         self.decode_dtypes: set[str] = set()  # the generation engines' matmul dtypes
         self.learn_dtypes: set[str] = set()  # the learner's autocast dtypes ("model": none)
+        self.threads: set[int] = set()  # torch's intra-op threads at the recorded calls
 
 
 def _crossed_layers(model: torch.nn.Module, names: set[str] | None) -> int:
@@ -121,6 +122,7 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
 
     def generate(self, prompts, params):  # every batch either generate entry samples
         out = orig_gen(self, prompts, params)
+        ledger.threads.add(torch.get_num_threads())
         ledger.calls["generate"].append({
             "rows": len(prompts), "width": max(map(len, prompts)),
             "prompt_tokens": sum(map(len, prompts)),
@@ -133,6 +135,7 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
         n_loss = int(positions.sum()) if positions is not None else targets.numel()
         share_prefix = share_prefix and not baseline
         if model.training and any(p.requires_grad for p in model.parameters()):
+            ledger.threads.add(torch.get_num_threads())
             shared = shared_prefix_len(input_ids, attention_mask, positions) \
                 if share_prefix and positions is not None else 0
             ledger.calls["learn"].append({
@@ -147,6 +150,7 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
     def losses(model, batch, all_logits=False, inputs_embeds=None):
         out = orig_loss(model, batch, all_logits, inputs_embeds)
         keep = score_batch._kept_columns(model, batch) if not all_logits else None
+        ledger.threads.add(torch.get_num_threads())
         n, width = batch.ids.shape
         ledger.calls["score"].append({"rows": int(n), "width": int(width),
                                       "head_rows": int(n * (keep or width)),
@@ -228,6 +232,17 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
                 if '"stage_seconds"' in line]
     model = ledger.model
     assert model is not None and ledger.shape is not None
+    threads = max(ledger.threads, default=torch.get_num_threads())
+    with roofline.torch_threads(threads):  # the bounds at the threads the stages ran with
+        out = _with_bounds(cfg, ledger, model, rows, baseline, wall)
+    out["threads"] = {"stages": sorted(ledger.threads), "after_run": torch.get_num_threads(),
+                      "bounds": threads}
+    return out
+
+
+def _with_bounds(cfg: Any, ledger: Ledger, model: torch.nn.Module,
+                 rows: list[dict[str, Any]], baseline: bool, wall: float) -> dict[str, Any]:
+    """The run's record (`_one_run`) with the bounds measured now in this process."""
     stream = roofline.stream_seconds(model)
     rate = roofline.model_matmul_rate(model, 2048)
     score_crossed = spec_layers(cfg.scorer.params, ledger.shape.layers)

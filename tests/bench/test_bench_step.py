@@ -27,6 +27,8 @@ def test_bench_step_micro_reports_each_stage_against_its_bound():
     assert out["valid"] == out["baseline_run"]["valid"]
     assert out["decode_dtypes"] == ["float32"] and "generate_bf16" not in out["bound_s"]
     assert out["learn_dtypes"] == ["model"] and "learn_bf16" not in out["bound_s"]
+    # the bounds are measured at the threads the stages ran with
+    assert out["threads"]["bounds"] == max(out["threads"]["stages"])
 
 
 @pytest.mark.slow
@@ -42,6 +44,19 @@ def test_bench_step_sets_bfloat16_generation_and_learning_against_their_own_boun
     assert 0 < out["bound_s"]["learn_bf16"] < out["bound_s"]["learn"]
     assert out["fraction_of_bound"]["learn_bf16"] == pytest.approx(
         out["bound_s"]["learn_bf16"] / out["stage_seconds"]["learn"])
+
+
+def test_torch_threads_sets_the_count_inside_and_restores_it():
+    import torch
+
+    before = torch.get_num_threads()
+    other = 1 if before > 1 else 2
+    with roofline.torch_threads(other):
+        assert torch.get_num_threads() == other
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), roofline.torch_threads(other):
+        raise RuntimeError("restored on error too")
+    assert torch.get_num_threads() == before
 
 
 def _toy_ledger() -> step.Ledger:

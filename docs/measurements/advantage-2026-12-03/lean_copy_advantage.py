@@ -51,8 +51,8 @@ for norm in ("all", "gated_rank"):
     for _ in range(500):
         sc = batch(rng)
         adv = advantages(sc, c, window)
-        copy_adv += [a for s, a in zip(sc, adv) if s.gate == "copy"]
-        elig_adv += [a for s, a in zip(sc, adv) if s.gate == "eligible"]
+        copy_adv += [a for s, a in zip(sc, adv, strict=True) if s.gate == "copy"]
+        elig_adv += [a for s, a in zip(sc, adv, strict=True) if s.gate == "eligible"]
     out[norm] = {"copies": len(copy_adv), "copy_advantage_mean": statistics.mean(copy_adv),
                  "copy_advantage_positive_fraction": sum(a > 0 for a in copy_adv) / len(copy_adv),
                  "eligible_advantage_mean": statistics.mean(elig_adv)}

@@ -1,10 +1,12 @@
 """Time g_ref (set_reference) on the default scorer for the project's 8 items vs the paper's 32."""
-import json, time, sys
-import torch
+import json
+import sys
+import time
+
 from compassplay.config import load_config
 from compassplay.models import load_model
 from compassplay.rewards.gradient import GradientScorer
-from compassplay.workers.builders import make_reference, scorer_params, configure_torch
+from compassplay.workers.builders import configure_torch, make_reference, scorer_params
 
 out = {}
 for name, ov in [("project8", ["reference.path=reference_math.jsonl", "reference.max_items=8"]), ("paper8", ["reference.path=reference_math_paper32.jsonl", "reference.max_items=8"]),
@@ -20,7 +22,9 @@ for name, ov in [("project8", ["reference.path=reference_math.jsonl", "reference
     times = []
     for rep in range(3):
         sc.weight_version = rep + 1 if hasattr(sc, "weight_version") else None
-        t = time.perf_counter(); sc.set_reference(ref); times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        sc.set_reference(ref)
+        times.append(time.perf_counter() - t)
     out[name] = {"items": len(ref), "target_tokens": sum(len(e.target_ids) for e in ref),
                  "tokens": sum(len(e) for e in ref), "seconds": times}
     print(name, out[name], file=sys.stderr)

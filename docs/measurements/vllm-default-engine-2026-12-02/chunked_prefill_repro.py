@@ -1,9 +1,11 @@
 """Does a seeded batch whose prefill is split across steps kill vLLM's CPU engine?"""
-import sys, time
+import sys
+import time
+
+from compassplay.config import ModelSection
 from compassplay.engines import SamplingParams
 from compassplay.engines.generation import vllm as vg
-from compassplay.models.loading import prepare_smollm2, model_cache_dir
-from compassplay.config import ModelSection
+from compassplay.models.loading import model_cache_dir, prepare_smollm2
 
 if __name__ == "__main__":
     fix = sys.argv[1] == "fix"
