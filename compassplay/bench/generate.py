@@ -89,12 +89,14 @@ def machine_bound(name: str, args: argparse.Namespace) -> dict[str, Any]:
     model, _ = load_model(MODELS[name], seed=args.seed)
     shape = roofline.shape_of(model)
     rows = args.batch_size * args.prompt_tokens
-    stream = roofline.stream_seconds(model)
-    rate = roofline.model_matmul_rate(model, rows)
+    stream = roofline.settled(lambda: roofline.stream_seconds(model), min)
+    rate = roofline.settled(lambda: roofline.model_matmul_rate(model, rows), max)
     bounds = roofline.generation_bounds(shape, args.batch_size, args.prompt_tokens,
                                         args.new_tokens, stream, rate)
-    stream16 = roofline.stream_seconds_in(model, torch.bfloat16)
-    rate16 = roofline.model_matmul_rate(model, rows, torch.bfloat16)
+    copy16 = roofline.in_dtype(model, torch.bfloat16)
+    stream16 = roofline.settled(lambda: roofline.stream_seconds(copy16), min)
+    rate16 = roofline.settled(lambda: roofline.model_matmul_rate(model, rows, torch.bfloat16),
+                              max)
     bf16 = roofline.generation_bounds(shape, args.batch_size, args.prompt_tokens,
                                       args.new_tokens, stream16, rate16)
     return {"weight_bytes": shape.weight_bytes, "weight_stream_s": stream,

@@ -7,6 +7,8 @@ weights once, a plain matmul's FLOP/s at a stage's shape, and the bounds built f
   the fastest of `reps`; at the prefill's rows this is the machine's compute speed.
   Both take the best repetition, not the median: on a shared or throttled machine a median
   taken at a slow moment makes the bound loose (a stage could even exceed it).
+- `settled`: the best of a measurement repeated over a few seconds, so that one moment of
+  other work on the machine (a run's processes winding down) does not set the bound.
 - `torch_threads`: measure at the intra-op threads the measured work ran with (a run's
   workers may leave the process at another count).
 - `transformer_flops`: the matmul FLOPs of a Llama-style forward (2 per weight per token for
@@ -22,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +80,18 @@ def torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def settled(measure: Callable[[], float], best: Callable[..., float],
+            rounds: int = 3, pause_s: float = 0.5) -> float:
+    """`best` (min for seconds, max for rates) of `rounds` calls of `measure`, `pause_s`
+    seconds apart."""
+    values = []
+    for r in range(rounds):
+        if r:
+            time.sleep(pause_s)
+        values.append(measure())
+    return best(values)
+
+
 def stream_seconds(model: torch.nn.Module, reps: int = 10) -> float:
     """Fastest time (s) of `reps` to read every parameter tensor once."""
     seen, tensors = set(), []
@@ -120,10 +134,11 @@ def model_matmul_rate(model: torch.nn.Module, rows: int,
     return matmul_rate(rows, hidden, inter, dtype=dtype)
 
 
-def stream_seconds_in(model: torch.nn.Module, dtype: torch.dtype) -> float:
-    """`stream_seconds` of `model`'s weights held in `dtype` (a copy when they are not)."""
+def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` itself when its weights are in `dtype`, else a copy holding them in it."""
     same = next(model.parameters()).dtype == dtype
-    return stream_seconds(model if same else copy.deepcopy(model).to(dtype))
+    return model if same else copy.deepcopy(model).to(dtype)
+
 
 
 def generation_bounds(s: ModelShape, rows: int, prompt: int, new: int, stream_s: float,

@@ -243,15 +243,18 @@ def _one_run(args: argparse.Namespace, baseline: bool) -> dict[str, Any]:
 def _with_bounds(cfg: Any, ledger: Ledger, model: torch.nn.Module,
                  rows: list[dict[str, Any]], baseline: bool, wall: float) -> dict[str, Any]:
     """The run's record (`_one_run`) with the bounds measured now in this process."""
-    stream = roofline.stream_seconds(model)
-    rate = roofline.model_matmul_rate(model, 2048)
+    stream = roofline.settled(lambda: roofline.stream_seconds(model), min)
+    rate = roofline.settled(lambda: roofline.model_matmul_rate(model, 2048), max)
     score_crossed = spec_layers(cfg.scorer.params, ledger.shape.layers)
     bounds = stage_bounds(ledger, stream, rate, score_crossed)
     score_autocast = any(c.get("autocast") for c in ledger.calls["score"])
+    rate16 = stream16 = None
     if "bfloat16" in ledger.decode_dtypes | ledger.learn_dtypes or score_autocast:
-        rate16 = roofline.model_matmul_rate(model, 2048, torch.bfloat16)
+        rate16 = roofline.settled(
+            lambda: roofline.model_matmul_rate(model, 2048, torch.bfloat16), max)
     if ledger.decode_dtypes == {"bfloat16"}:  # the bound of the work generation did
-        stream16 = roofline.stream_seconds_in(model, torch.bfloat16)
+        copy16 = roofline.in_dtype(model, torch.bfloat16)
+        stream16 = roofline.settled(lambda: roofline.stream_seconds(copy16), min)
         bounds["generate_bf16"] = stage_bounds(ledger, stream16, rate16, 0)["generate"]
     if ledger.learn_dtypes == {"bfloat16"}:  # autocast blocks, float32 head
         bounds["learn_bf16"] = stage_bounds(ledger, stream, rate16, 0, head_rate=rate)["learn"]
@@ -270,6 +273,8 @@ def _with_bounds(cfg: Any, ledger: Ledger, model: torch.nn.Module,
         "learn_dtypes": sorted(ledger.learn_dtypes),
         "eligible": [r["eligible"] for r in rows],
         "weight_stream_s": stream, "matmul_gflop_per_s": rate / 1e9,
+        **({"matmul_bf16_gflop_per_s": rate16 / 1e9} if rate16 else {}),
+        **({"weight_stream_bf16_s": stream16} if stream16 else {}),
         "bound_s": bounds,
         "fraction_of_bound": {"generate": bounds["generate"] / gen_s if gen_s else None,
                               "learn": bounds["learn"] / stage["learn"] if stage["learn"]

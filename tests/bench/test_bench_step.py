@@ -59,6 +59,23 @@ def test_torch_threads_sets_the_count_inside_and_restores_it():
     assert torch.get_num_threads() == before
 
 
+def test_settled_keeps_the_best_of_its_rounds():
+    values = iter([3.0, 1.0, 2.0])
+    assert roofline.settled(lambda: next(values), min, rounds=3, pause_s=0.0) == 1.0
+    values = iter([3.0, 5.0, 2.0])
+    assert roofline.settled(lambda: next(values), max, rounds=3, pause_s=0.0) == 5.0
+
+
+def test_in_dtype_copies_only_when_the_dtype_differs():
+    import torch
+
+    model = torch.nn.Linear(4, 3)
+    assert roofline.in_dtype(model, torch.float32) is model
+    copy16 = roofline.in_dtype(model, torch.bfloat16)
+    assert copy16 is not model and copy16.weight.dtype == torch.bfloat16
+    assert model.weight.dtype == torch.float32
+
+
 def _toy_ledger() -> step.Ledger:
     """An empty ledger of a 4-layer toy shape (400 block parameters, vocabulary 10)."""
     ledger = step.Ledger()
