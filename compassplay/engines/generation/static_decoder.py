@@ -177,13 +177,19 @@ class StaticDecoder:
         return held
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMS norm in float32 (as the HF modules compute it) -> the matmul dtype."""
-        return F.rms_norm(x, weight.shape, weight, self.eps).to(self.dtype)
+        """RMS norm in float32 with the HF modules' own ops, written in the matmul dtype."""
+        r = x.pow(2).mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        out = torch.empty(x.shape, dtype=self.dtype, device=x.device)
+        return torch.mul(x * r, weight, out=out)
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding of float32 x [..., d] (overwritten) -> the matmul dtype; `sin` is
+        the signed table of `_alloc` (its first half negated): rotate_half(x) * sin equals
+        cat(x2, x1) * signed sin bit for bit."""
         half = x.shape[-1] // 2
-        rot = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos + rot * sin
+        rot = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+        out = torch.empty(x.shape, dtype=self.dtype, device=x.device)
+        return torch.add(x.mul_(cos), rot.mul_(sin), out=out)
 
     def start(self, ids: torch.Tensor, pad: torch.Tensor, capacity: int) -> torch.Tensor:
         """Prefill. ids: [B, T] long (left-padded), pad: [B] long (pad count per row),
@@ -292,7 +298,9 @@ class StaticDecoder:
         self._bias = torch.zeros((rows, 1, 1, capacity), device=dev
                                  ).masked_fill_(~valid[:, None, None], float("-inf"))
         cos, sin = self.model.model.rotary_emb(self.embed[:1, None, :].float(), cols[None])
-        self._cos, self._sin = cos[0].float(), sin[0].float()
+        self._cos, sin = cos[0].float(), sin[0].float()
+        half = sin.shape[-1] // 2
+        self._sin = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # signed (`_rope`)
         return valid
 
     def step(self, tok: torch.Tensor) -> torch.Tensor:
@@ -347,14 +355,16 @@ class StaticDecoder:
         for i, b in enumerate(self.blocks):
             h = self._rms(x, b.ln1)
             qkv = self._linear(h, b.wqkv, b.bqkv).view(bsz, seq, nqk + nkv, d).transpose(1, 2)
-            qk = self._rope(qkv[:, :nqk].float(), cos, sin).to(self.dtype)  # [B, nh+nkv, S, d]
+            qk = self._rope(qkv[:, :nqk].float(), cos, sin)  # [B, nh+nkv, S, d]
             kc, vc = keys[i], values[i]  # [B, nkv, C, d] (keys maybe [B, nkv, d, C])
             self._keys(kc, t0, end).copy_(qk[:, nh:].transpose(-1, -2))
             vc[:, :, t0:end] = qkv[:, nqk:]
             if seq == 1:  # decode: a group's queries as rows against its one KV head
                 q = qk[:, :nh].reshape(bsz, nkv, group, d)
-                scores = torch.matmul(q, self._keys(kc, 0, end)).float().mul_(self.scale)
-                att = torch.matmul(torch.softmax(scores.add_(mask), dim=-1).to(self.dtype),
+                # mask + scale * (q K^T) in float32: the sums of scaling then adding
+                scores = torch.add(mask, torch.matmul(q, self._keys(kc, 0, end)),
+                                   alpha=self.scale)
+                att = torch.matmul(torch.softmax(scores, dim=-1).to(self.dtype),
                                    vc[:, :, :end])
             elif t0 == 0:  # a prefill: this call's keys and values are the whole cache
                 att = F.scaled_dot_product_attention(qk[:, :nh], qk[:, nh:], qkv[:, nqk:],
@@ -368,6 +378,6 @@ class StaticDecoder:
             x.add_(self._linear(att, b.wo))  # float32 += (exactly upcast) matmul output
             h = self._rms(x, b.ln2)
             gate, up = self._linear(h, b.wgu).chunk(2, dim=-1)
-            x.add_(self._linear(F.silu(gate) * up, b.wd))
+            x.add_(self._linear(F.silu(gate).mul_(up), b.wd))
         h = self._rms(x[:, -1:], self.norm)
         return self._linear(h, self.head)[:, 0].float()
