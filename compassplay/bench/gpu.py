@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from compassplay.bench import model_shapes
+from compassplay.bench import model_shapes, scorer_workload
 from compassplay.bench import scorer as scorer_bench
 from compassplay.config import LearnerSection
 from compassplay.engines.factory import make_learner
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cuda, cpu, or auto (cuda if present)")
     parser.add_argument("--shapes", nargs="+", default=["qwen2.5-1.5b", "qwen2.5-7b"],
                         choices=model_shapes.SHAPE_NAMES, help="scorer shapes")
-    parser.add_argument("--dtype", default="bfloat16", choices=sorted(scorer_bench.DTYPES))
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(scorer_workload.DTYPES))
     parser.add_argument("--n-candidates", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=1024, help="tokens per candidate (max)")
     parser.add_argument("--reps", type=int, default=3)
@@ -116,7 +116,7 @@ def _tokenizer():
 
 def generate_part(args: argparse.Namespace, dev: torch.device, keep: dict) -> dict:
     """HF engine on `dev`: `--gen-batch` prompts, `--gen-tokens` new tokens each (EOS off)."""
-    model = model_shapes.build(args.gen_shape, scorer_bench.DTYPES[args.dtype], dev, seed=0)
+    model = model_shapes.build(args.gen_shape, scorer_workload.DTYPES[args.dtype], dev, seed=0)
     engine = HFGenerationEngine(model, _tokenizer(), eos_token_id=[])
     gen = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 256, (64,), generator=gen).tolist()
@@ -162,7 +162,7 @@ def deepspeed_part(args: argparse.Namespace, dev: torch.device, keep: dict,
         return {"skipped": "DeepSpeed is not installed"}
 
     trajs = _trajectories(keep, "deepspeed")
-    dtype = scorer_bench.DTYPES[args.dtype]
+    dtype = scorer_workload.DTYPES[args.dtype]
     out: dict = {"shape": args.gen_shape, "dtype": args.dtype}
     for name, update in (("zero3", {"zero_stage": 3}),
                          ("zero2_offload_optimizer", {"zero_stage": 2,
@@ -227,7 +227,7 @@ def _log(msg: str) -> None:
 def run(args: argparse.Namespace, log: Callable[[str], None] = _log) -> dict:
     """All parts; the JSON-ready result (also written to `args.out` when set). Progress goes
     to stderr."""
-    dev = scorer_bench.resolve_device(args.device)
+    dev = scorer_workload.resolve_device(args.device)
     import transformers
 
     out: dict = {"device": str(dev),

@@ -1,7 +1,7 @@
 """What each proposer reward kind needs, declared once (`REWARD_NEEDS`, by `reward.kind`).
 
 The scorer (`workers/scorer_worker.py`: which pass it runs), the memory plan
-(`plan/memory.py`: what a scorer holds), the dry run (`commands/dry_run.py`: which data it
+(`plan/role_memory.py`: what a scorer holds), the dry run (`commands/dry_run.py`: which data it
 checks) and the executors (whose snapshot the scorers take) read this table instead of
 switching on the kind's name. A new kind: its name in `RewardKind`, its row here.
 """

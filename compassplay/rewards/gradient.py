@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .alignment import AlignmentScore, Partials, finalize
 from .batch import (
     Batch,
     CandidateExamples,
@@ -48,7 +49,6 @@ from .batch import (
     solution_sets,
 )
 from .frozen_prefix import PrefixCache, layers_from
-from .functions import safe_cosine
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine, grads_only_for
 from .reductions import rowsum
@@ -56,7 +56,7 @@ from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, selec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["AlignmentScore", "Example", "GradientScorer", "ProjectionSpec", "StaleMetricError",
+__all__ = ["Example", "GradientScorer", "ProjectionSpec", "StaleMetricError",
            "StaleReferenceError"]
 
 
@@ -66,19 +66,6 @@ class StaleReferenceError(RuntimeError):
 
 class StaleMetricError(RuntimeError):
     """The metric was set at other weights than the scorer's current ones."""
-
-
-@dataclass(frozen=True)
-class AlignmentScore:
-    """cosine: cos(g(x), g_ref) in [-1, 1] (0.0 if either gradient is zero); inner:
-    <g(x), g_ref>; grad_norm: ||g(x)||; gradients of losses in nats w.r.t. the selected
-    parameters, all in the projected space when the scorer projects. Under a metric M
-    (`GradientScorer.set_metric`): cosine = cos_M(g, g_ref), inner = <g, M g_ref> and
-    grad_norm = sqrt(<g, M g>) (M's units: 1/|gradient| for AdamW's)."""
-
-    cosine: float
-    inner: float
-    grad_norm: float
 
 
 @dataclass
@@ -92,15 +79,6 @@ class Reference:
     weight_version: int
     n_examples: int
     metric: bool = False
-
-
-@dataclass
-class Partials:
-    """Additive per-candidate partials (float64): inner (N,), sq (N,), proj (N, dim) or None."""
-
-    inner: torch.Tensor
-    sq: torch.Tensor
-    proj: torch.Tensor | None
 
 
 class GradientScorer:
@@ -393,19 +371,3 @@ class GradientScorer:
         if out.proj is not None and proj is not None:
             out.proj.index_add_(0, ix, proj.double().cpu())
 
-
-def finalize(p: Partials, ref_sq: float, ref_proj: torch.Tensor | None) -> list[AlignmentScore]:
-    """Turn (reduced) partials into scores; in projection mode everything is in the projection."""
-    if p.proj is not None and ref_proj is not None:
-        rp = ref_proj.double().cpu().reshape(1, -1)
-        inner, sq = rowsum(p.proj * rp), rowsum(p.proj.pow(2))
-        ref_sq = float(rowsum(rp.pow(2))[0])
-    else:
-        inner, sq = p.inner, p.sq
-    ref_norm = max(ref_sq, 0.0) ** 0.5
-    out = []
-    for i in range(len(inner)):
-        norm = max(float(sq[i]), 0.0) ** 0.5
-        out.append(AlignmentScore(cosine=safe_cosine(float(inner[i]), norm, ref_norm),
-                                  inner=float(inner[i]), grad_norm=norm))
-    return out

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from compassplay.records import Candidate
+from compassplay.rewards.alignment import Partials, finalize
 from compassplay.rewards.batch import Example
-from compassplay.rewards.gradient import Partials, finalize
 from compassplay.rewards.local_reference import finalize_local
 from compassplay.step.messages import ScoredShard
 

@@ -10,7 +10,8 @@ import torch
 from compassplay.config import ConfigError, RunConfig
 from compassplay.engines.dtype_choice import resolve_autocast
 from compassplay.records import Candidate
-from compassplay.rewards.gradient import GradientScorer, Partials
+from compassplay.rewards.alignment import Partials
+from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.local_reference import group_references, local_partials
 from compassplay.rewards.oracle import naive_partials, reference_grads
 from compassplay.rewards.soar import make_groups, soar_gains

@@ -8,7 +8,7 @@ import typing
 import pytest
 
 from compassplay.config import GRADIENT_KINDS, REWARD_NEEDS, RewardSection, load_config
-from compassplay.plan import memory as mp
+from compassplay.plan import role_memory
 from compassplay.plan.shapes import SMOLLM2_135M
 from compassplay.rewards.functions import REWARD_KINDS, proposer_reward
 from compassplay.workers.scorer_worker import ScorerWorker
@@ -46,7 +46,7 @@ def test_scorer_runs_the_pass_of_the_table(kind, monkeypatch):
 @pytest.mark.parametrize("kind", KINDS)
 def test_memory_plan_counts_what_the_table_needs(kind):
     needs = REWARD_NEEDS[kind]
-    parts = mp.scorer_role(_cfg(kind), SMOLLM2_135M, 0).parts
+    parts = role_memory.scorer_role(_cfg(kind), SMOLLM2_135M, 0).parts
     assert ("soar_copy" in parts) == needs.heldout_loss
     assert ("reference_grad" in parts) == needs.gradients
     assert ("metric" in parts) == needs.metric

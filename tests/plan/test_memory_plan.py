@@ -297,7 +297,7 @@ def test_dry_run_exits_2_naming_the_field(capsys):
 
 def test_the_core_needs_neither_ray_nor_torch():
     root = Path(mp.__file__).parent
-    for path in sorted(root.glob("*.py")):  # plan/: memory, shapes, resources
+    for path in sorted(root.glob("*.py")):  # plan/: memory, role_memory, shapes, resources
         name = path.name
         tree = ast.parse(path.read_text())
         mods = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

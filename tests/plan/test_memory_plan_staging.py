@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from compassplay.config import load_config
-from compassplay.plan.memory import GiB, MiB, learner_role, plan_memory
+from compassplay.plan.memory import plan_memory
+from compassplay.plan.role_memory import GiB, MiB, learner_role
 from compassplay.plan.shapes import QWEN25_CODER_7B
 
 EMBED = 152064 * 3584 * 2  # bytes of the bf16 embedding (and of the untied head)

@@ -3,12 +3,8 @@ import math
 import pytest
 import torch
 
-from compassplay.rewards.gradient import (
-    AlignmentScore,
-    Example,
-    GradientScorer,
-    StaleReferenceError,
-)
+from compassplay.rewards.alignment import AlignmentScore
+from compassplay.rewards.gradient import Example, GradientScorer, StaleReferenceError
 
 from .conftest import called_with_a_keyword, oracle, rand_example, tiny_model
 

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from compassplay.bench.scorer import build_shape
+from compassplay.bench.scorer_workload import build_shape
 from compassplay.rewards.gradient import Example, GradientScorer
 
 

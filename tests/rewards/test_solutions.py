@@ -7,13 +7,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from compassplay.rewards.alignment import Partials, finalize
 from compassplay.rewards.batch import (
     Example,
     make_solutions_batch,
     plan_solution_batches,
     solution_sets,
 )
-from compassplay.rewards.gradient import GradientScorer, Partials, finalize
+from compassplay.rewards.gradient import GradientScorer
 from compassplay.rewards.oracle import flatten, per_example_grads, reference_grads
 
 from .conftest import VOCAB, called_with_a_keyword, oracle, rand_example, tiny_model

@@ -19,16 +19,16 @@ grow) and per fd the user may have in flight over a unix socket; memfd, inotify 
 backstop, by the host, which kills and restarts a worker that misses its deadline. Where the
 machine delegates cgroup v2 memory, each worker also gets `memory.max`.
 
-Zygotes are grouped by string-hash seed (PYTHONHASHSEED): `hash_seed` (default 0) starts with
-the pool; another seed gets its own zygotes the first time a run asks for it, so a determinism
-check can run a program twice under two seeds (set iteration order differs between them).
+Zygotes are grouped by string-hash seed (PYTHONHASHSEED; `generations.py`): `hash_seed`
+(default 0) starts with the pool; another seed gets its own zygotes the first time a run asks
+for it, so a determinism check can run a program twice under two seeds (set iteration order
+differs between them).
 Throughput: each worker thread pipelines up to `pipeline_depth` requests to its zygote.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -38,6 +38,7 @@ from typing import Any
 
 from compassplay.verifiers.sandbox import isolation
 from compassplay.verifiers.sandbox.cgroup import CgroupMemory
+from compassplay.verifiers.sandbox.generations import MAX_SEEDS, Generation, WorkerGenerations
 from compassplay.verifiers.sandbox.isolation import UNSAFE_OPT_OUT, SandboxUnavailableError
 from compassplay.verifiers.sandbox.stats import SandboxStats
 from compassplay.verifiers.sandbox.worker_handle import WorkerDied, WorkerHandle, WorkerRetired
@@ -46,8 +47,6 @@ __all__ = ["ExecResult", "PythonSandbox", "SandboxUnavailableError", "UNSAFE_OPT
 
 log = logging.getLogger(__name__)
 MAX_CODE_BYTES = 4 * 1024 * 1024
-MAX_SEEDS = 4
-CGROUP_HEADROOM_MB = 64  # the zygote and bwrap themselves, on top of one run's memory_mb
 
 
 @dataclass(frozen=True)
@@ -69,18 +68,6 @@ class ExecResult:
 
 
 @dataclass
-class _Generation:
-    """The zygotes of one hash seed: a slot per worker, an idle queue, their uids/cgroups."""
-
-    seed: int
-    uids: list[int]
-    slots: list[WorkerHandle | None]
-    cgroups: list[str | None]
-    idle: queue.Queue = field(default_factory=queue.Queue)
-    ooms: list[int] = field(default_factory=list)
-
-
-@dataclass
 class _Feed:
     """One worker's side of `SandboxPool._drain`: its handle, the jobs sent and not yet
     answered as (job index, send time), and when its previous reply came (time.monotonic s)."""
@@ -90,7 +77,7 @@ class _Feed:
     last: float = field(default_factory=time.monotonic)
 
 
-class PythonSandbox:
+class PythonSandbox(WorkerGenerations):
     """Thread-safe pool of isolated workers; use as a context manager or call close()."""
 
     def __init__(self, workers: int = 2, timeout_s: float = 5.0, memory_mb: int = 512,
@@ -121,7 +108,7 @@ class PythonSandbox:
                         "wipe_budget_s": float(wipe_budget_s)}
         self._want_cgroup = cgroup_memory and self.mode != UNSAFE_OPT_OUT
         self._cgroup: CgroupMemory | None = None
-        self._gens: dict[int, _Generation] = {}
+        self._gens: dict[int, Generation] = {}
         self._gen_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = True
@@ -256,7 +243,7 @@ class PythonSandbox:
         results[i] = res
         self.stats.end(res.status, latency)
 
-    def _drain(self, gen: _Generation, jobs: deque[int], depth: int, codes: list[str],
+    def _drain(self, gen: Generation, jobs: deque[int], depth: int, codes: list[str],
                results: list, timeout: float) -> None:
         """Feed one worker of `gen` from the shared `jobs` until none are left: keep up to
         `depth` programs in flight (`_send_ahead`), record the oldest one's reply
@@ -305,7 +292,7 @@ class PythonSandbox:
                 return
             feed.inflight.append((i, time.monotonic()))
 
-    def _take_reply(self, gen: _Generation, slot: int, feed: _Feed, jobs: deque[int],
+    def _take_reply(self, gen: Generation, slot: int, feed: _Feed, jobs: deque[int],
                     results: list, timeout: float) -> bool:
         """Wait for the oldest job's reply and record it. Its clock starts when it was sent
         or when the previous reply came, whichever is later (the worker runs one at a time).
@@ -336,7 +323,7 @@ class PythonSandbox:
             feed.last - begin)
         return True
 
-    def _requeue_and_restart(self, gen: _Generation, slot: int, feed: _Feed, jobs: deque[int],
+    def _requeue_and_restart(self, gen: Generation, slot: int, feed: _Feed, jobs: deque[int],
                              lost: list[int]) -> bool:
         """Put `lost` and the jobs still in flight back at the front of `jobs` (in order) and
         restart the worker; False when it cannot be restarted."""
@@ -347,91 +334,13 @@ class PythonSandbox:
         feed.last = time.monotonic()
         return True
 
-    def _refeed(self, gen: _Generation, slot: int, feed: _Feed) -> bool:
+    def _refeed(self, gen: Generation, slot: int, feed: _Feed) -> bool:
         """A quiet worker in `slot` for `feed` (`_ensure_quiet`); False when there is none."""
         handle = self._ensure_quiet(gen, slot)
         if handle is None:
             return False
         feed.handle = handle
         return True
-
-    @staticmethod
-    def _oom_since_last(gen: _Generation, slot: int, handle: WorkerHandle) -> bool:
-        """True when the worker's cgroup recorded an OOM kill since we last looked."""
-        if handle.cgroup is None:
-            return False
-        n = handle.oom_kills()
-        seen, gen.ooms[slot] = gen.ooms[slot], n
-        return n > seen
-
-    # ------------------------------------------------------------------ workers
-    def _generation(self, seed: int) -> _Generation:
-        with self._gen_lock:
-            gen = self._gens.get(seed)
-            if gen is not None:
-                return gen
-            if len(self._gens) >= MAX_SEEDS:
-                raise ValueError(f"at most {MAX_SEEDS} distinct hash seeds per pool")
-            n = self.workers
-            uids = isolation_mod.allocate_uids(n) if self.mode == isolation_mod.ROOT else [-1] * n
-            cgroups = [self._cgroup.create((self.memory_mb + CGROUP_HEADROOM_MB) << 20)
-                       if self._cgroup else None for _ in range(n)]
-            gen = _Generation(seed, uids, [None] * n, cgroups, ooms=[0] * n)
-            assert self._spawner is not None
-            handles = list(self._spawner.map(lambda s: self._spawn_safe(gen, s), range(n)))
-            failed = [h for h in handles if isinstance(h, Exception)]
-            if failed:
-                for h in handles:
-                    if isinstance(h, WorkerHandle):
-                        h.kill()
-                for path in cgroups:
-                    CgroupMemory.remove(path)
-                raise SandboxUnavailableError(f"could not start sandbox workers: {failed[0]}")
-            gen.slots = list(handles)  # type: ignore[arg-type]
-            for i in range(n):
-                gen.idle.put(i)
-            self._gens[seed] = gen
-            return gen
-
-    def _spawn(self, gen: _Generation, slot: int) -> WorkerHandle:
-        cfg = {"isolated": self.mode != UNSAFE_OPT_OUT, "setuid": self.mode == isolation_mod.ROOT,
-               "uid": gen.uids[slot], "gid": gen.uids[slot], "seccomp": self.mode != UNSAFE_OPT_OUT,
-               "loopback_down": self.mode == isolation_mod.ROOT, **self._limits}
-        max_reply = 8 * self.max_output_bytes + 65536
-        return WorkerHandle(self.mode, cfg, self.tmpfs_mb, max_reply, hash_seed=gen.seed,
-                            rootless_uid=self.rootless_uid, cgroup=gen.cgroups[slot])
-
-    def _spawn_safe(self, gen: _Generation, slot: int) -> WorkerHandle | Exception:
-        try:
-            return self._spawn(gen, slot)
-        except Exception as exc:  # reported by _generation()
-            return exc
-
-    def _ensure_quiet(self, gen: _Generation, slot: int) -> WorkerHandle | None:
-        """A live worker in `slot`, restarting it if needed; None if that fails (logged; the
-        next run on this slot tries again)."""
-        handle = gen.slots[slot]
-        if handle is not None and handle.alive():
-            return handle
-        try:
-            return self._restart(gen, slot)
-        except Exception as exc:  # noqa: BLE001 - reported, and retried on the next run
-            log.warning("sandbox worker %d (hash seed %d) could not be restarted: %s",
-                        slot, gen.seed, exc)
-            return None
-
-    def _restart(self, gen: _Generation, slot: int) -> WorkerHandle:
-        old = gen.slots[slot]
-        if old is not None:
-            old.kill()
-        gen.slots[slot] = None
-        self.stats.worker_restarted()
-        if self._closed or self._spawner is None:
-            raise RuntimeError("PythonSandbox is closed")
-        handle = self._spawner.submit(self._spawn, gen, slot).result()
-        gen.ooms[slot] = handle.oom_kills()
-        gen.slots[slot] = handle
-        return handle
 
 
 isolation_mod = isolation

@@ -28,8 +28,9 @@ import torch.nn.functional as F
 
 from compassplay.config import load_config
 from compassplay.models.loading import load_model
+from compassplay.rewards.alignment import finalize
 from compassplay.rewards.batch import Example
-from compassplay.rewards.gradient import GradientScorer, finalize
+from compassplay.rewards.gradient import GradientScorer
 from compassplay.step.prompting import prefix_of, prompt_ids, target_ids
 from compassplay.workers.builders import make_env, make_reference, scorer_params
 
