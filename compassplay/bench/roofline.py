@@ -140,7 +140,6 @@ def in_dtype(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     return model if same else copy.deepcopy(model).to(dtype)
 
 
-
 def generation_bounds(s: ModelShape, rows: int, prompt: int, new: int, stream_s: float,
                       rate: float, prefill_columns: int | None = None) -> dict[str, float]:
     """Both bounds (seconds) of one generate call: rows prompts of `prompt` tokens each, `new`

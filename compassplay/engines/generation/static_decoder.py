@@ -361,7 +361,7 @@ class StaticDecoder:
             vc[:, :, t0:end] = qkv[:, nqk:]
             if seq == 1:  # decode: a group's queries as rows against its one KV head
                 q = qk[:, :nh].reshape(bsz, nkv, group, d)
-                # mask + scale * (q K^T) in float32: the sums of scaling then adding
+                # mask + scale * (q K^T) in float32, equal bit for bit to scaling then adding
                 scores = torch.add(mask, torch.matmul(q, self._keys(kc, 0, end)),
                                    alpha=self.scale)
                 att = torch.matmul(torch.softmax(scores, dim=-1).to(self.dtype),
