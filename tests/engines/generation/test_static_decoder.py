@@ -245,3 +245,26 @@ def test_processes_starting_at_once_measure_the_decode_dtype_once(tmp_path):
     assert printed.count("MEASURED") == 1, printed
     assert printed.split().count("bfloat16") == 3
     assert len(json.loads((tmp_path / "c" / "decode_dtype.json").read_text())) == 1
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_rope_and_rms_norm_equal_the_modules_own_bit_for_bit(arch):
+    """`_rope` on the signed sine table and `_rms` written in the matmul dtype give the HF
+    modules' apply_rotary_pos_emb and RMSNorm outputs exactly (float32 and bfloat16)."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    model = tiny(arch)
+    for dtype in (torch.float32, torch.bfloat16):
+        dec = StaticDecoder(model, dtype=dtype)
+        dec._alloc(3, torch.zeros(3, dtype=torch.long), 16, torch.device("cpu"))
+        cos, sin = model.model.rotary_emb(torch.zeros(1, 1, 64), torch.arange(16)[None])
+        x = torch.randn(3, 6, 16, dec.d)
+        want = (x * cos[0] + rotate_half(x) * sin[0]).to(dtype)
+        assert torch.equal(dec._rope(x.clone(), dec._cos, dec._sin), want)
+        h = torch.randn(3, 5, 64)
+        norm = model.model.layers[0].input_layernorm
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(64) + 0.5)
+            want = norm(h).to(dtype)
+        got = dec._rms(h, norm.weight.detach().float())
+        assert got.dtype == dtype and torch.equal(got, want)
