@@ -11,24 +11,13 @@ Ray runs agree exactly), and equal within float32 rounding across thread counts 
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
 from compassplay.bench import model_shapes
+from compassplay.bench.roofline import torch_threads as threads
 from compassplay.rewards.gradient import Example, GradientScorer
 from compassplay.rewards.reductions import rowdot, rowsq, rowsum
-
-
-@contextlib.contextmanager
-def threads(n: int):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(old)
 
 
 @pytest.mark.parametrize("c,m", [(1, 100), (1, 40000), (1, 300001), (2, 40000), (3, 300001),
