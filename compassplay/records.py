@@ -184,7 +184,11 @@ class StepStats(Record):
     invalid_reasons: dict[str, int] = Field(default_factory=dict)
     by_task_type: dict[str, dict[str, float]] = Field(default_factory=dict)
     stage_seconds: dict[str, float] = Field(default_factory=dict)
-    step_seconds: float = 0.0
+    step_seconds: float = 0.0  # the sum of the stages' own seconds (stage_seconds)
+    # seconds from the previous step's result (the first step: the executor's start) to this
+    # one's, as the executor saw them: the stages plus taking weights, moving payloads and
+    # dispatch (with pipeline.staleness > 0, the period between results)
+    wall_seconds: float | None = None
     # Environment metrics (None when the environment has none): Lean's fraction of targets
     # ever proved; in-band (0<s<1) proposals that copy (token Jaccard > 0.8) or rename
     # (alpha-equal) a reference they were shown (Lean and code); distinct reward values among
@@ -228,7 +232,7 @@ class StepStats(Record):
 
 # StepStats fields that measure time (or, for the Lean fleet's actor counts, how a cluster
 # served the step): they differ between otherwise equal runs
-TIMING_FIELDS = ("stage_seconds", "step_seconds", "stage_start", "stage_end", "step_start",
+TIMING_FIELDS = ("stage_seconds", "step_seconds", "wall_seconds", "stage_start", "stage_end", "step_start",
                  "step_end", "device_seconds", "step_device_seconds",
                  "cumulative_device_seconds", "soar_seconds", "lean_actors",
                  "lean_actors_peak")

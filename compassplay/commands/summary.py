@@ -14,9 +14,12 @@ from compassplay.rundir.runlog import METRICS_FILE, SAMPLES_FILE, read_metrics
 COLUMNS = [("step", "step", "{:d}"), ("valid", "valid", "{}"), ("elig", "eligible", "{:d}"),
            ("solve", "solve_rate_mean", "{:.2f}"), ("acc", "solver_accuracy", "{:.2f}"),
            ("reward", "reward_mean", "{:+.3f}"), ("share", "score_advantage_share", "{:.0%}"),
-           ("loss", "loss", "{:+.4f}"), ("sec", "step_seconds", "{:.0f}")]
+           ("loss", "loss", "{:+.4f}"), ("sec", "step_seconds", "{:.0f}"),
+           ("wall", "wall_seconds", "{:.0f}")]
 """Columns of the per-step table: (header, metrics.jsonl key, format). `share`: the part of
-the proposer's advantage variance the reward's score decides (docs/reward.md)."""
+the proposer's advantage variance the reward's score decides (docs/reward.md); `sec`: the
+stages' own seconds; `wall`: from the previous step's result to this one's (the stages plus
+taking weights and moving payloads between workers)."""
 
 
 def run_summary(run_dir: str | Path) -> dict:

@@ -18,6 +18,7 @@ runs.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,7 @@ class LocalExecutor:
             if self.cfg.logging.prometheus_port:
                 self.metrics.serve(self.cfg.logging.prometheus_port,
                                    self.cfg.logging.prometheus_host)
+            last = time.perf_counter()  # the previous result's time (`wall_seconds`)
             for step in range(self.start_step, self.cfg.pipeline.steps):
                 handles = submit_step(step, self.dispatch, self.gate.for_rollout(step),
                                       is_checkpoint_step(self.cfg, step),
@@ -115,17 +117,20 @@ class LocalExecutor:
                 snap = self.snapshot()
                 self.gate.report(step, snap)
                 result = handles["learn"]
-                self.runlog.write(result.stats)
-                self.metrics.observe_step(result.stats)
+                now = time.perf_counter()
+                stats = result.stats.model_copy(update={"wall_seconds": now - last})
+                last = now
+                self.runlog.write(stats)
+                self.metrics.observe_step(stats)
                 self.runlog.write_samples(result.extra.get("samples", []))
                 if self.evaluator is not None and eval_due(self.cfg, step):
                     version, box = snap["solver"]
                     self.write_eval(self.evaluator.evaluate(
                         step, WeightsOffer(version, lambda b=box: b[0])))
-                out.append(result.stats)
-                log.info("step %d: %s", step, brief(result.stats))
+                out.append(stats)
+                log.info("step %d: %s", step, brief(stats))
                 if progress is not None:
-                    progress(result.stats)
+                    progress(stats)
         finally:
             for v in self.verifiers:
                 v.close()

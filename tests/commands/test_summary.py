@@ -11,6 +11,7 @@ def _step(step, proposals, valid, eligible, parse=None, invalid=None):
                      reward_std=0.0, reward_distinct=1, loss=0.01, grad_norm=1.0,
                      solver_accuracy=0.25 * step, parse_failures=parse or {},
                      invalid_reasons=invalid or {}, step_seconds=30.0,
+                     wall_seconds=37.0 if step else None,
                      score_advantage_share=0.125 if eligible else None,
                      step_start=1000.0 + 20 * step, step_end=1030.0 + 20 * step)
 
@@ -28,7 +29,9 @@ def test_summary_totals_and_text(tmp_path):
     assert s["invalid_reasons"] == {"error:TypeError": 3}
     text = format_summary(s, tmp_path)
     assert "valid proposals 9/24 (38%)" in text and "6/12" in text
-    assert "  share" in text.splitlines()[0]
+    assert "  share" in text.splitlines()[0] and text.splitlines()[0].endswith("wall")
+    assert text.splitlines()[2].endswith("30       37")  # stages' seconds, then the wall
+    assert text.splitlines()[1].endswith("30        -")  # no wall recorded
     assert "12%" in text.splitlines()[2] and "      -" in text.splitlines()[1]  # no share
     assert "parse failures: no_input_block 3" in text
     assert str(tmp_path / METRICS_FILE) in text

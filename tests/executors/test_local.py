@@ -33,6 +33,8 @@ def test_two_step_local_run_from_the_cli(tmp_path):
         assert set(r["stage_seconds"]) == {"propose", "validate", "solve", "grade", "score",
                                            "learn"}
         assert r["proposals"] == 9  # 3 task types x proposer.batch_size 3
+        # the wall between results holds the stages and what runs between them
+        assert r["wall_seconds"] >= r["step_seconds"] > 0
         assert sum(r["parse_failures"].values()) + r["valid"] + sum(
             r["invalid_reasons"].values()) >= r["proposals"]
     assert [r["weight_version"] for r in rows] == [1, 2]

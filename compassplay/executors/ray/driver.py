@@ -104,6 +104,7 @@ class Pipeline:
         self.gate: VersionGate[dict] = VersionGate(cfg.pipeline.staleness)
         self.recorded: list[StepStats] = []
         self.recorded_at: list[float] = []
+        self.started_at = time.perf_counter()  # reset by `run` (`wall_seconds`)
         self.nccl = cfg.learner.weight_sync == "nccl"
         self.ipc = cfg.learner.weight_sync == "ipc"
         self.sync_calls: list = []  # the last weight broadcast's calls (learner, receivers)
@@ -214,8 +215,11 @@ class Pipeline:
         stats = result.stats
         if self.lean is not None:
             stats = stats.model_copy(update=self.lean.step_fields())
+        now = time.perf_counter()
+        last = self.recorded_at[-1] if self.recorded_at else self.started_at
+        stats = stats.model_copy(update={"wall_seconds": now - last})
         self.recorded.append(stats)
-        self.recorded_at.append(time.perf_counter())
+        self.recorded_at.append(now)
         self.nodes.poll()
         if self.runlog is not None:
             self.runlog.write(stats)
@@ -309,6 +313,7 @@ class Pipeline:
         a = self.actors
         restored = ray.get(a.learner.restored_state.remote()) if resume else None
         step = self._start(restored)
+        self.started_at = time.perf_counter()
         if restored is not None:
             log.info("resumed %s at step %d", self.run_dir, step)
         pending: deque[InFlight] = deque()

@@ -1,5 +1,6 @@
 """The Ray pipeline on a real local Ray: equality with the local executor, faults, metrics."""
 
+import json
 import threading
 import time
 import urllib.request
@@ -45,6 +46,11 @@ def test_ray_executor_equals_local_executor(tmp_path, ray_local, staleness, veri
     assert [r["step"] for r in distributed] == [0, 1, 2]
     assert local == distributed
     assert [r["weight_version"] for r in distributed] == [1, 2, 3]
+    raw = [json.loads(x) for x in (tmp_path / "ray/metrics.jsonl").read_text().splitlines()]
+    walls = [(r["wall_seconds"], r["step_seconds"]) for r in raw if "wall_seconds" in r]
+    assert len(walls) == 3 and all(w > 0 for w, _ in walls)
+    if staleness == 0:  # one step at a time: the wall holds the step's stages
+        assert all(w >= s for w, s in walls)
     # the comparison is not vacuous: tasks were valid, scored and learned from
     assert sum(r["eligible"] for r in distributed) > 0
     assert any(r["loss"] != 0.0 for r in distributed)
