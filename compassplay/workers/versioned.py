@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 
 from compassplay.config import RunConfig
@@ -9,6 +12,7 @@ from compassplay.step.graph import WeightsOffer
 from compassplay.sync.channel import NcclChannel, open_channel
 
 Weights = dict[str, torch.Tensor]
+log = logging.getLogger(__name__)
 
 METRIC_PREFIX = "__compassplay_metric__."
 """Reserved key prefix of the scorer snapshot's metric entries (`with_metric`): no model
@@ -43,14 +47,20 @@ class Versioned:
     def sync(self, weights: Weights | None, version: int) -> None:
         """Load `weights` when `version` is newer than what this role holds."""
         if weights is not None and version > self.weight_version:
+            t0 = time.perf_counter()
             self.load_weights(weights, version)
             self.weight_version = version
+            log.info("%s: weights v%d loaded in %.2f s (%d tensors)", type(self).__name__,
+                     version, time.perf_counter() - t0, len(weights))
 
     def accept(self, offer: WeightsOffer) -> None:
         """Take the weights a stage is offered when they are newer than those held."""
         if offer.version <= self.weight_version:
             return
+        t0 = time.perf_counter()
         state = offer.fetch()
+        log.info("%s: weights v%d fetched in %.2f s", type(self).__name__, offer.version,
+                 time.perf_counter() - t0)
         if state is None:  # nccl sync: the broadcast should have brought this version
             raise RuntimeError(f"step needs weight version {offer.version} but this worker "
                                f"holds {self.weight_version} and got no weights (a restarted "
