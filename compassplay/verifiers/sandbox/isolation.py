@@ -62,7 +62,7 @@ WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote
 # from sys.modules): bare name -> this folder's module.
 PRELOADED = {"sandbox_proto": "proto", "sandbox_seccomp": "seccomp", "sandbox_child": "child",
              "sandbox_scratch": "scratch", "sandbox_kernel": "kernel",
-             "sandbox_startup": "startup"}
+             "sandbox_startup": "zygote_startup"}
 ROOT_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_KILL", "CAP_CHOWN", "CAP_DAC_OVERRIDE",
              "CAP_FOWNER", "CAP_NET_ADMIN")
 PRIVATE_DIRS = ("/tmp", "/dev")  # fresh tmpfs in every sandbox (/dev/shm is one too)

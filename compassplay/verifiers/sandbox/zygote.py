@@ -46,7 +46,7 @@ except ImportError:  # imported on the host
     from compassplay.verifiers.sandbox import child as sandbox_child
     from compassplay.verifiers.sandbox import kernel as sandbox_kernel
     from compassplay.verifiers.sandbox import proto as sandbox_proto
-    from compassplay.verifiers.sandbox import startup as sandbox_startup
+    from compassplay.verifiers.sandbox import zygote_startup as sandbox_startup
 
 STATUSES = sandbox_proto.STATUSES
 REQ_HEAD = sandbox_proto.REQ_HEAD
