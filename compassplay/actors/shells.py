@@ -23,6 +23,7 @@ from compassplay.actors.whereabouts import here
 from compassplay.config import RunConfig
 from compassplay.engines.training.dist import RankInfo, rendezvous
 from compassplay.step.graph import StageCall, WeightsOffer, run_stage
+from compassplay.sync.packed import PackArena
 from compassplay.workers.eval_worker import EvalReport, EvalWorker
 from compassplay.workers.generator_workers import ProposerWorker, SolverWorker
 from compassplay.workers.learner_worker import LearnerWorker
@@ -132,6 +133,7 @@ class LearnerActor(_Shell):
     def __init__(self, cfg: RunConfig, run_dir: str, restore: bool, rank: int = 0,
                  world_size: int = 1) -> None:
         self._args = (cfg, run_dir, restore, rank, world_size)
+        self._arena = PackArena()  # the snapshots' buffer (`snapshot`)
         self._start_error = ("not started: start(addr, port) was not called", "")
         if world_size == 1:
             self._build(lambda: LearnerWorker(cfg, run_dir, restore=restore))
@@ -145,9 +147,11 @@ class LearnerActor(_Shell):
         info = RankInfo(rank, world, addr, int(port))
         self._build(lambda: LearnerWorker(cfg, run_dir, restore=restore, dist=info))
 
-    def snapshot(self, role: str = "solver") -> tuple[int, dict]:
-        """(version, weights) as two returns: call with .options(num_returns=2)."""
-        return self.role.snapshot(role)
+    def snapshot(self, role: str = "solver") -> tuple[int, Any]:
+        """(version, packed weights) as two returns: call with .options(num_returns=2). The
+        pack reuses one buffer: Ray copies this call's returns into the object store before
+        the actor's next call runs."""
+        return self.role.snapshot(role, self._arena)
 
     def sync_address(self) -> tuple[str, int]:
         return self.role.sync_address()

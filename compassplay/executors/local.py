@@ -86,17 +86,14 @@ class LocalExecutor:
         self.gate.reset(self.start_step - 1, self.snapshot())
 
     def snapshot(self) -> dict[str, tuple[int, list]]:
-        """The learner's current weights per generator role, as the gate hands them out.
-        Copies when a later step may still need them (staleness > 0: learning goes on)."""
-        copy = self.cfg.pipeline.staleness > 0
+        """The learner's current weights per generator role, as the gate hands them out:
+        each a packed copy (`sync.packed`) that later learning leaves as it is."""
         out = {}
         for role in ("solver", "proposer"):
             if role == "proposer" and self.cfg.learner.shared_model:
                 out[role] = out["solver"]
                 continue
             version, state = self.learner.snapshot(role)
-            if copy:
-                state = {k: v.detach().clone() for k, v in state.items()}
             out[role] = (version, [state])
         if self.cfg.reward.needs.metric:  # the weights plus the optimizer metric (precond_cosine)
             version, state = self.learner.snapshot("scorer")

@@ -34,6 +34,7 @@ from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync import identity
 from compassplay.sync.channel import NcclChannel, open_channel
 from compassplay.sync.ipc import publish
+from compassplay.sync.packed import PackArena, PackedWeights
 from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import (
     configure_process,
@@ -110,16 +111,17 @@ class LearnerWorker:
     def weights(self, role: str = "solver") -> Weights:
         return self.learner.state_dict_for_sync(role)
 
-    def snapshot(self, role: str = "solver") -> tuple[int, Weights]:
-        """(the version the learner reports, its weights for `role`'s engines). Role "scorer":
-        the solver's weights, plus under reward.kind=precond_cosine the optimizer's metric of
-        the scored parameters at those weights (`with_metric`), read in the same call."""
-        if role == "scorer":
-            weights = self.weights("solver")
-            if self.metric_names:
-                weights = with_metric(weights, self.learner.preconditioner(self.metric_names))
-            return self.weight_version, weights
-        return self.weight_version, self.weights(role)
+    def snapshot(self, role: str = "solver", arena: PackArena | None = None
+                 ) -> tuple[int, PackedWeights]:
+        """(the version the learner reports, its weights for `role`'s engines packed in one
+        buffer: `sync.packed`, which Ray's object store takes without pickling tensor by
+        tensor). Role "scorer": the solver's weights, plus under reward.kind=precond_cosine
+        the optimizer's metric of the scored parameters at those weights (`with_metric`),
+        read in the same call. `arena`: reuse its buffer (the previous pack is overwritten)."""
+        weights = self.learner.weights_view("solver" if role == "scorer" else role)
+        if role == "scorer" and self.metric_names:
+            weights = with_metric(weights, self.learner.preconditioner(self.metric_names))
+        return self.weight_version, PackedWeights.pack(weights, arena)
 
     # learner.weight_sync=nccl: the learner is rank 0 of the weight-sync group
     def sync_address(self) -> tuple[str, int]:

@@ -10,6 +10,7 @@ import torch
 from compassplay.config import RunConfig
 from compassplay.step.graph import WeightsOffer
 from compassplay.sync.channel import NcclChannel, open_channel
+from compassplay.sync.packed import unpacked
 
 Weights = dict[str, torch.Tensor]
 log = logging.getLogger(__name__)
@@ -27,8 +28,8 @@ def with_metric(weights: Weights, metric: dict[str, torch.Tensor]) -> Weights:
 
 def split_metric(state: Weights) -> tuple[Weights, dict[str, torch.Tensor] | None]:
     """Inverse of `with_metric`: (the weights, the metric by parameter name or None)."""
-    metric = {k[len(METRIC_PREFIX):]: v for k, v in state.items()
-              if k.startswith(METRIC_PREFIX)}
+    metric = {k[len(METRIC_PREFIX):]: v.clone() for k, v in state.items()
+              if k.startswith(METRIC_PREFIX)}  # kept past the load: own memory, not the snapshot's
     if not metric:
         return state, None
     return {k: v for k, v in state.items() if not k.startswith(METRIC_PREFIX)}, metric
@@ -58,7 +59,7 @@ class Versioned:
         if offer.version <= self.weight_version:
             return
         t0 = time.perf_counter()
-        state = offer.fetch()
+        state = unpacked(offer.fetch())  # views of the snapshot's buffer: load copies them
         log.info("%s: weights v%d fetched in %.2f s", type(self).__name__, offer.version,
                  time.perf_counter() - t0)
         if state is None:  # nccl sync: the broadcast should have brought this version

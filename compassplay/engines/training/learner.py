@@ -120,6 +120,12 @@ class Slot(ABC):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """All weights with HF names, detached CPU copies."""
 
+    def weights_view(self) -> dict[str, torch.Tensor]:
+        """All weights with HF names, valid until the next `step` or `reset`: the live
+        tensors (detached, any device) where the backend holds them whole, else
+        `full_state_dict`'s copies. For a reader that copies them at once (`sync.packed`)."""
+        return self.full_state_dict()
+
     @abstractmethod
     def reset(self, weights: dict[str, torch.Tensor]) -> None:
         """Back to `weights` (HF names) with a fresh optimizer and schedule, in place."""
@@ -154,6 +160,11 @@ class Learner(ABC):
     @abstractmethod
     def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
         """Full weights (HF names, CPU) of the model that plays `role`."""
+
+    def weights_view(self, role: Role = "solver") -> dict[str, torch.Tensor]:
+        """`state_dict_for_sync(role)`, or the live weights where no copy is needed
+        (`Slot.weights_view`): read them before the next `step`."""
+        return self.state_dict_for_sync(role)
 
     @property
     @abstractmethod
@@ -204,6 +215,9 @@ class PolicyLearner(Learner):
 
     def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
         return self.slots[self.slot_for(role)].full_state_dict()
+
+    def weights_view(self, role: Role = "solver") -> dict[str, torch.Tensor]:
+        return self.slots[self.slot_for(role)].weights_view()
 
     def preconditioner(self, names: list[str], role: Role = "solver") -> dict[str, torch.Tensor]:
         return self.slots[self.slot_for(role)].preconditioner(names)

@@ -92,6 +92,9 @@ class TorchSlot(Slot):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
 
+    def weights_view(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach() for k, v in self.module.state_dict().items()}
+
     def save(self, path: Path, weights_dir: Path) -> None:
         save_weights(self.module, weights_dir)
         torch.save(self.optimizer.state_dict(), path / "optimizer.pt")
