@@ -22,7 +22,8 @@ from compassplay.executors.interrupt import EXIT_CODE
 
 # The config `run` and `config show` use without --config (compassplay/configs/default.yaml)
 DEFAULT_CONFIG = "default"
-BENCHES = ("scorer", "sandbox", "generate", "step", "tasks", "pipeline", "gpu", "run", "cluster")
+BENCHES = ("scorer", "sandbox", "generate", "step", "sync", "tasks", "pipeline", "gpu", "run",
+           "cluster")
 
 
 def _add_run(sub: argparse._SubParsersAction) -> None:
