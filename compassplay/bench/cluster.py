@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from compassplay.executors.local import LocalExecutor  # lazy: pulls torch
-    from compassplay.executors.ray.driver import run_pipeline  # lazy: pulls torch
+    from compassplay.executors.ray.run import run_pipeline  # lazy: pulls torch
 
     if args.steps < 2:
         raise ValueError(f"--steps must be >= 2 (a kill after step 0, a resume after step 1), "

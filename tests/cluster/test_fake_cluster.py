@@ -17,7 +17,7 @@ from compassplay.bench.fake_cluster import (
 )
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.driver import run_pipeline
+from compassplay.executors.ray.run import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_b
 from compassplay.commands.plot import plot_lean_fleet, read_lean_timeline
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.driver import run_pipeline
+from compassplay.executors.ray.run import run_pipeline
 from tests.executors import lean_script
 from tests.executors.ray.test_pipeline import metric_rows
 

@@ -16,7 +16,7 @@ from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_b
 from compassplay.config import load_config
 from compassplay.errors import RunError
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.driver import run_pipeline
+from compassplay.executors.ray.run import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
