@@ -1,7 +1,8 @@
 """A real vLLM engine (CPU build) inside the run's SolverActor on a local Ray cluster, updated
 through the pipeline's own object-store sync path: the driver's weights offer (version, [state
-ObjectRef]) reaches `run_stage("solve")`, the worker fetches the state only because the
-version is newer and loads it into vLLM in place; the attempts carry the new version."""
+ObjectRef] of a packed snapshot) reaches `run_stage("solve")`, the worker fetches the state
+only because the version is newer (read-only views of the object store's buffer) and loads it
+into vLLM in place; the attempts carry the new version."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_solver_actor_takes_an_object_store_update_into_vllm(tmp_path):
     from compassplay.step.graph import StageCall
     from compassplay.step.messages import Validated
     from compassplay.step.timing import Timing
+    from compassplay.sync.packed import PackedWeights
     from compassplay.workers.builders import make_env
 
     cache = tmp_path / "cache"
@@ -47,7 +49,8 @@ def test_solver_actor_takes_an_object_store_update_into_vllm(tmp_path):
         actor = SolverActor.options(num_cpus=1).remote(cfg)
         assert ray.get(actor.ready.remote(), timeout=600) == ("", "")
         before = ray.get(actor.run_stage.remote(call, 0, [], validated), timeout=300)
-        box = [ray.put(state)]  # in a list: Ray hands the worker the ref, not the state
+        # packed as the learner's snapshot is (`sync.packed`): the worker maps it read only
+        box = [ray.put(PackedWeights.pack(state))]  # a list: the worker gets the ref
         after = ray.get(actor.run_stage.remote(call, 1, box, validated), timeout=300)
         assert ray.get(actor.weight_version.remote()) == 1
     finally:
