@@ -1,8 +1,9 @@
 """PackedWeights: a state dict as one flat byte buffer, so a snapshot moves as one array (no Ray).
 
 A state dict of torch tensors pickles tensor by tensor through torch's own reducer, which
-copies every byte into the pickle stream: under Ray a 538 MB snapshot (SmolLM2-135M, fp32)
-took 3.1-4.0 s to store and 0.8-2.8 s for each receiver to fetch (2 cores, 2026-12-06). One
+copies every byte into the pickle stream: under Ray a snapshot of SmolLM2-135M in fp32 (651 MB
+as a state dict, whose tied head is a second copy of the embedding) took 3.1-4.0 s to store and
+0.8-2.8 s for each receiver to fetch (2 cores, 2026-12-06). One
 contiguous numpy array pickles out of band (protocol 5): Ray's object store copies it once,
 and a receiver on the same node maps it without a copy. `unpack` gives tensors that are views
 of the buffer: on a receiver of Ray's object store they are read only (the store's shared

@@ -3,8 +3,9 @@
 Per step k the driver submits, without waiting, the stages of `step.graph.STEP` as actor
 calls (`RayDispatch`): propose -> validate (on every verifier) -> update_buffer -> collect ->
 solve -> grade (every verifier) -> candidates -> score (every scorer shard) -> learn; then asks the
-learner for a snapshot of its weights, (version, state) as two ObjectRefs, and reports it to
-the `VersionGate`, which says which snapshot the rollout of each later step may use. Every
+learner for a snapshot of its weights, (version, state) as two ObjectRefs (the state one
+packed buffer, `sync.packed`, that each receiver maps from the object store without a copy),
+and reports it to the `VersionGate`, which says which snapshot the rollout of each later step may use. Every
 payload moves between actors as an ObjectRef; the driver only fetches each step's small
 StepResult. At most `staleness + 1` steps are in flight: with staleness 0 the run is
 synchronous and equals the local executor; with staleness 1 rollout of step k+1 overlaps
