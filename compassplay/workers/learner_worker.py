@@ -117,7 +117,14 @@ class LearnerWorker:
         buffer: `sync.packed`, which Ray's object store takes without pickling tensor by
         tensor). Role "scorer": the solver's weights, plus under reward.kind=precond_cosine
         the optimizer's metric of the scored parameters at those weights (`with_metric`),
-        read in the same call. `arena`: reuse its buffer (the previous pack is overwritten)."""
+        read in the same call. `arena`: reuse its buffer (the previous pack is overwritten).
+
+        Version 0 carries no tensors: it is the policy every role builds for itself, and a
+        receiver takes only a version newer than the one it holds (`Versioned.accept`). The
+        run's first snapshot is on the first proposal's path (Ray resolves the version before
+        the call), where packing would cost 0.1-1 s for bytes nobody reads."""
+        if self.weight_version == 0:
+            return 0, PackedWeights.pack({})
         weights = self.learner.weights_view("solver" if role == "scorer" else role)
         if role == "scorer" and self.metric_names:
             weights = with_metric(weights, self.learner.preconditioner(self.metric_names))

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
@@ -71,3 +72,19 @@ def test_resume_reproduces_the_uninterrupted_run(tmp_path):
     assert sum(r["eligible"] for r in rows[2:]) > 0 and any(r["loss"] != 0 for r in rows[2:])
     cumulative = [r["cumulative_device_seconds"] for r in rows]  # carried across the resume
     assert all(a < b for a, b in zip(cumulative, cumulative[1:], strict=False))
+
+
+def test_snapshots_carry_no_tensors_at_version_0_then_every_weight_packed(tmp_path):
+    """Version 0 is the policy every role builds: its snapshot is empty (no receiver takes a
+    version it holds). After a step, the snapshot holds every weight of the learner's model,
+    bit for bit, packed (tied tensors once)."""
+    cfg = load_config(WARM, ["pipeline.steps=1", f"run.output_dir={tmp_path}"])
+    ex = LocalExecutor(cfg, tmp_path / "snap")
+    version, (state,) = ex.snapshot()["solver"]
+    assert version == 0 and len(state) == 0 and state.nbytes == 0
+    ex.run()
+    version, (state,) = ex.snapshot()["solver"]
+    live = ex.learner.learner.state_dict_for_sync("solver")
+    got = state.unpack()
+    assert version == 1 and list(got) == list(live)
+    assert all(torch.equal(got[k], v) for k, v in live.items())
