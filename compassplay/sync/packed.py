@@ -48,19 +48,7 @@ class PackedWeights:
         """Copy `state` (any device) into one CPU buffer (from `arena` when given: valid until
         its next pack); tensors sharing storage (same data pointer, dtype, shape and
         strides) are stored once."""
-        entries: list[Entry] = []
-        first: dict[tuple, int] = {}
-        placed: list[tuple[int, torch.Tensor]] = []
-        size = 0
-        for name, t in state.items():
-            key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
-            if t.numel() and key in first:
-                offset = first[key]
-            else:
-                offset = first[key] = size
-                placed.append((offset, t))
-                size += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
-            entries.append(Entry(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
+        entries, placed, size = layout(state)
         buffer = arena.take(size) if arena is not None else np.empty(size, dtype=np.uint8)
         flat = torch.from_numpy(buffer)
         for offset, t in placed:
@@ -93,6 +81,26 @@ class PackedWeights:
         return out
 
 
+def layout(state: dict[str, torch.Tensor]
+           ) -> tuple[list[Entry], list[tuple[int, torch.Tensor]], int]:
+    """Where `pack` puts each tensor: (the entries in `state`'s order, (offset, tensor) of
+    each distinct storage to copy, the buffer's size in bytes)."""
+    entries: list[Entry] = []
+    first: dict[tuple, int] = {}
+    placed: list[tuple[int, torch.Tensor]] = []
+    size = 0
+    for name, t in state.items():
+        key = (t.device, t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+        if t.numel() and key in first:
+            offset = first[key]
+        else:
+            offset = first[key] = size
+            placed.append((offset, t))
+            size += -(-t.numel() * t.element_size() // ALIGN) * ALIGN
+        entries.append(Entry(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset))
+    return entries, placed, size
+
+
 class PackArena:
     """One buffer reused by successive packs, for a producer whose every pack is copied
     before it packs again: a Ray actor's return value is stored in the object store before
@@ -103,6 +111,11 @@ class PackArena:
 
     def __init__(self) -> None:
         self._buffer = np.empty(0, dtype=np.uint8)
+
+    def reserve(self, nbytes: int) -> None:
+        """Hold at least `nbytes`, every page touched now (at start-up, off a step's path)
+        rather than by the first pack."""
+        self.take(nbytes).fill(0)
 
     def take(self, nbytes: int) -> np.ndarray:
         """`nbytes` of the buffer (grown when smaller); overwrites the previous pack."""

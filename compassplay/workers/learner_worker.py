@@ -34,7 +34,7 @@ from compassplay.step.timing import Timing, step_cost, timed
 from compassplay.sync import identity
 from compassplay.sync.channel import NcclChannel, open_channel
 from compassplay.sync.ipc import publish
-from compassplay.sync.packed import PackArena, PackedWeights
+from compassplay.sync.packed import PackArena, PackedWeights, layout
 from compassplay.warmup.bootstrap import load_policy
 from compassplay.workers.builders import (
     configure_process,
@@ -110,6 +110,10 @@ class LearnerWorker:
 
     def weights(self, role: str = "solver") -> Weights:
         return self.learner.state_dict_for_sync(role)
+
+    def packed_nbytes(self) -> int:
+        """Bytes of a packed snapshot of the solver's weights (`sync.packed.layout`)."""
+        return layout(self.learner.weights_view("solver"))[2]
 
     def snapshot(self, role: str = "solver", arena: PackArena | None = None
                  ) -> tuple[int, PackedWeights]:

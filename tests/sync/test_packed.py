@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from compassplay.sync.packed import ALIGN, PackArena, PackedWeights, unpacked
+from compassplay.sync.packed import ALIGN, PackArena, PackedWeights, layout, unpacked
 from tests.tiny_models import tiny_causal_lm
 
 
@@ -107,3 +107,16 @@ def test_pack_copies_a_strided_slice_by_value(dtype):
     t = torch.arange(12, dtype=dtype).reshape(3, 4)
     out = PackedWeights.pack({"t": t[:, 1:]}).unpack()["t"]
     assert out.is_contiguous() and torch.equal(out, t[:, 1:])
+
+
+def test_layout_sizes_the_pack_and_a_reserved_arena_serves_it_in_place():
+    model = tiny_causal_lm(tie=True)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    entries, placed, size = layout(state)
+    assert [e.name for e in entries] == list(state) and len(placed) == len(state) - 1  # tied
+    arena = PackArena()
+    arena.reserve(size)
+    held = arena.take(size)
+    packed = PackedWeights.pack(state, arena)
+    assert packed.nbytes == size and np.shares_memory(packed.buffer, held)
+    assert all(torch.equal(packed.unpack()[k], v) for k, v in state.items())
