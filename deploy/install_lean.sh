@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what the LeanVerifier actors run (compassplay/verifiers/lean/pool.py): elan, the
+# Installs what the LeanVerifier actors run (compassplay/verifiers/lean/repl_pool.py): elan, the
 # Lean 4 toolchain, leanprover-community/repl and a built Mathlib, all at one Lean tag.
 # Idempotent; used by the lean_verifier node type of ray_cluster.yaml and the lean-verifier
 # init container of deploy/kuberay/raycluster.yaml. Afterwards a run sets

@@ -139,19 +139,14 @@ class LearnerActor(_Shell):
             self._build(lambda: self._reserved(LearnerWorker(cfg, run_dir, restore=restore)))
 
     def _reserved(self, worker: LearnerWorker) -> LearnerWorker:
-        """`worker`, with the snapshots' buffer allocated and faulted in now (0.3-1 s for
-        SmolLM2's 538 MB here) instead of in the first snapshot, on a step's path; and one
-        object of its size put into the node's object store and dropped, so that the store's
-        shared memory is faulted in too (the first snapshot's store took 0.6 s, a later one
-        0.1 s). One rank only: a group's weights are gathered collectively, and its first
-        snapshot pays. Not under learner.weight_sync=nccl, whose receivers take broadcasts
-        (a 7B model's buffer would hold 15 GB of host memory for the odd eval snapshot)."""
-        if worker.cfg.learner.weight_sync == "nccl":
-            return worker
-        nbytes = worker.packed_nbytes()
-        self._arena.reserve(nbytes)
-        warm = ray.put(self._arena.take(nbytes))
-        del warm
+        """`worker`, with its snapshots' buffer reserved (`reserve_snapshots`) and one object
+        of that size put into the node's object store and dropped, so that the store's shared
+        memory is faulted in too (the first snapshot's store took 0.6 s, a later one 0.1 s).
+        One rank only: a group's weights are gathered collectively, and its first snapshot
+        pays."""
+        if nbytes := worker.reserve_snapshots(self._arena):
+            warm = ray.put(self._arena.take(nbytes))
+            del warm
         return worker
 
     def rendezvous(self) -> tuple[str, int]:

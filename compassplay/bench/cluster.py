@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from compassplay.actors.whereabouts import here
-from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, node_type_of, wait_for
+from compassplay.bench.fake_cluster import FakeCluster, wait_for
+from compassplay.bench.fake_node_types import HEAD_TYPE, node_type_of
 from compassplay.config import load_config
 from compassplay.errors import RunInterrupted
 from compassplay.executors.interrupt import StopRequest
@@ -228,7 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from compassplay.executors.local import LocalExecutor  # lazy: pulls torch
-    from compassplay.executors.ray.run import run_pipeline  # lazy: pulls torch
+    from compassplay.executors.ray.runner import run_pipeline  # lazy: pulls torch
 
     if args.steps < 2:
         raise ValueError(f"--steps must be >= 2 (a kill after step 0, a resume after step 1), "

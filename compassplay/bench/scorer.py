@@ -55,8 +55,8 @@ import time
 import torch
 
 from compassplay.bench import model_shapes
-from compassplay.bench.memory import peak_alloc_mb, peak_rss, reset_peak_rss, sync
 from compassplay.bench.model_shapes import SHAPE_NAMES
+from compassplay.bench.peak_memory import peak_alloc_mb, peak_rss, reset_peak_rss, sync
 from compassplay.bench.scorer_workload import (
     DTYPES,
     build_shape,

@@ -50,7 +50,7 @@ class LeanScalingSection(Section):
 
 
 class LeanSection(Section):
-    """Lean 4 REPL verifier (leanprover-community/repl), see compassplay/verifiers/lean/pool.py."""
+    """Lean 4 REPL verifier (leanprover-community/repl), see compassplay/verifiers/lean/repl_pool.py."""
 
     command: list[str] = Field(default_factory=lambda: ["lake", "env", "repl"], min_length=1,
                                description="REPL command, run in project_dir")

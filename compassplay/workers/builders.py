@@ -26,7 +26,7 @@ from compassplay.rewards.batch import Example
 from compassplay.rewards.reference_set import load_reference
 from compassplay.rewards.subspace import last_blocks_globs
 from compassplay.step.prompting import reference_examples
-from compassplay.verifiers.lean.pool import LeanPool
+from compassplay.verifiers.lean.repl_pool import LeanPool
 from compassplay.verifiers.sandbox.pool import PythonSandbox
 
 log = logging.getLogger(__name__)

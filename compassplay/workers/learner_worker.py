@@ -111,9 +111,16 @@ class LearnerWorker:
     def weights(self, role: str = "solver") -> Weights:
         return self.learner.state_dict_for_sync(role)
 
-    def packed_nbytes(self) -> int:
-        """Bytes of a packed snapshot of the solver's weights (`sync.packed.layout`)."""
-        return layout(self.learner.weights_view("solver"))[2]
+    def reserve_snapshots(self, arena: PackArena) -> int:
+        """Allocate and fault in `arena` for a packed snapshot of the solver's weights now
+        (start-up), not in the first snapshot on a step's path; returns its bytes. 0 (nothing
+        reserved) under learner.weight_sync=nccl, whose receivers take broadcasts: a 7B
+        model's buffer would hold 15 GB of host memory for the odd eval snapshot."""
+        if self.cfg.learner.weight_sync == "nccl":
+            return 0
+        nbytes = layout(self.learner.weights_view("solver"))[2]
+        arena.reserve(nbytes)
+        return nbytes
 
     def snapshot(self, role: str = "solver", arena: PackArena | None = None
                  ) -> tuple[int, PackedWeights]:

@@ -29,7 +29,7 @@ def ray_lean(tmp_path_factory: pytest.TempPathFactory):
 @pytest.mark.slow
 def test_lean_verifier_actor_checks_and_reports(ray_lean) -> None:
     from compassplay.actors.lean.verifier import LeanVerifier, lean_actor_options
-    from compassplay.verifiers.lean.pool import LeanCheck
+    from compassplay.verifiers.lean.repl_pool import LeanCheck
 
     opts = lean_actor_options(0, {"lean_repl": 1}, processes=2)
     actor = LeanVerifier.options(**opts).remote(command=FAKE, processes=2, timeout_s=1.0)

@@ -7,17 +7,16 @@ from pathlib import Path
 import pytest
 import ray
 
-from compassplay.bench.fake_cluster import (
+from compassplay.bench.fake_cluster import FakeCluster, wait_for
+from compassplay.bench.fake_node_types import (
     HEAD_TYPE,
-    FakeCluster,
     alive_nodes_by_type,
     autoscaling_config,
     node_types_from_cluster_yaml,
-    wait_for,
 )
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.run import run_pipeline
+from compassplay.executors.ray.runner import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,8 @@ import pytest
 import ray
 from ray.util.state import list_actors
 
-from compassplay.bench.fake_cluster import HEAD_TYPE, alive_nodes_by_type, ray_cli, wait_for
+from compassplay.bench.fake_cluster import ray_cli, wait_for
+from compassplay.bench.fake_node_types import HEAD_TYPE, alive_nodes_by_type
 from tests.deploy.test_job_submit import _env, _job_status
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.timeout(600)]

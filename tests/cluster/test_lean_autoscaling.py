@@ -17,11 +17,12 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from compassplay.bench.cluster import FAST_HEALTH_CHECKS, compare_runs
-from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_by_type, wait_for
+from compassplay.bench.fake_cluster import FakeCluster, wait_for
+from compassplay.bench.fake_node_types import HEAD_TYPE, alive_nodes_by_type
 from compassplay.commands.plot import plot_lean_fleet, read_lean_timeline
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.run import run_pipeline
+from compassplay.executors.ray.runner import run_pipeline
 from tests.executors import lean_script
 from tests.executors.ray.test_pipeline import metric_rows
 

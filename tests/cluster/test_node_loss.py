@@ -12,11 +12,12 @@ import pytest
 import ray
 
 from compassplay.bench.cluster import FAST_HEALTH_CHECKS, NodeKiller, compare_runs
-from compassplay.bench.fake_cluster import HEAD_TYPE, FakeCluster, alive_nodes_by_type, wait_for
+from compassplay.bench.fake_cluster import FakeCluster, wait_for
+from compassplay.bench.fake_node_types import HEAD_TYPE, alive_nodes_by_type
 from compassplay.config import load_config
 from compassplay.errors import RunError
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.run import run_pipeline
+from compassplay.executors.ray.runner import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

@@ -18,8 +18,8 @@ from compassplay.envs.lean.chunked import check_in_chunks
 from compassplay.models.byte_tokenizer import build_byte_tokenizer
 from compassplay.records import Attempt, Generation, Verdict
 from compassplay.step import stages
-from compassplay.verifiers.lean.messages import LeanVerdict
-from compassplay.verifiers.lean.pool import LeanCheck
+from compassplay.verifiers.lean.repl_pool import LeanCheck
+from compassplay.verifiers.lean.responses import LeanVerdict
 from compassplay.workers.builders import make_env
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from compassplay.step.messages import AttemptBatch, GradeBatch, Validated
 from compassplay.step.prompting import candidate_examples
 from compassplay.step.scoring import merge_shards
 from compassplay.step.timing import Timing
-from compassplay.verifiers.lean.pool import LeanPool
+from compassplay.verifiers.lean.repl_pool import LeanPool
 from compassplay.workers.scorer_worker import ScorerWorker
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ import ray
 
 from compassplay.actors.lean.verifier import LeanVerifier, lean_actor_options
 from compassplay.actors.startup import describe_cause
-from compassplay.verifiers.lean.pool import LeanCheck, as_check
+from compassplay.verifiers.lean.repl_pool import LeanCheck, as_check
 from compassplay.verifiers.lean.scaling import LeanScaler
 
 CLOSE_WAIT_S = 30.0  # a removed actor's REPL shutdown gets this long before it is killed

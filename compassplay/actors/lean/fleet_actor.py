@@ -39,8 +39,8 @@ from ray.exceptions import RayActorError, RayError
 from compassplay.actors.lean.fleet import LeanFleet
 from compassplay.actors.whereabouts import here, node_kind
 from compassplay.errors import FatalStageError, ResourceWaitError
-from compassplay.verifiers.lean.messages import STATUSES, LeanVerdict
-from compassplay.verifiers.lean.pool import LeanCheck, LeanPool, as_check
+from compassplay.verifiers.lean.repl_pool import LeanCheck, LeanPool, as_check
+from compassplay.verifiers.lean.responses import STATUSES, LeanVerdict
 from compassplay.verifiers.lean.routing import (
     PlacementPolicy,
     Resubmit,

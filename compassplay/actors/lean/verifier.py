@@ -13,8 +13,8 @@ from typing import Any
 import ray
 
 from compassplay.actors.whereabouts import here
-from compassplay.verifiers.lean.messages import LeanVerdict
-from compassplay.verifiers.lean.pool import LeanCheck, LeanPool
+from compassplay.verifiers.lean.repl_pool import LeanCheck, LeanPool
+from compassplay.verifiers.lean.responses import LeanVerdict
 
 
 @ray.remote

@@ -14,8 +14,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from compassplay.verifiers.lean.messages import LeanVerdict
-from compassplay.verifiers.lean.pool import LeanCheck
+from compassplay.verifiers.lean.repl_pool import LeanCheck
+from compassplay.verifiers.lean.responses import LeanVerdict
 
 log = logging.getLogger(__name__)
 

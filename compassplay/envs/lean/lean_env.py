@@ -51,7 +51,7 @@ from compassplay.envs.lean.statements import (
 from compassplay.envs.lean.targets import load_targets
 from compassplay.records import Attempt, Score, Task, Verdict
 from compassplay.rewards.functions import Tokenize, regex_tokenize, token_jaccard
-from compassplay.verifiers.lean.pool import LeanCheck, LeanPool
+from compassplay.verifiers.lean.repl_pool import LeanCheck, LeanPool
 
 log = logging.getLogger(__name__)
 COPY_JACCARD = 0.8  # an in-band conjecture this close to its seed (token Jaccard) is a copy

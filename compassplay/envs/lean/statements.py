@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from compassplay.verifiers.lean.messages import declaration_header
+from compassplay.verifiers.lean.responses import declaration_header
 
 IDENT = r"[^\W\d][\w'!?]*"
 _DECLARES = re.compile(r"\b(theorem|lemma)\b")

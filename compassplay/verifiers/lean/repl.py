@@ -25,7 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from compassplay.verifiers.lean.messages import (
+from compassplay.verifiers.lean.responses import (
     LeanMessage,
     LeanVerdict,
     check_statement_preserved,

@@ -14,7 +14,7 @@ from compassplay.envs.lean import lean_prompts as prompts
 from compassplay.envs.lean.statements import alpha_normal, parse_statement
 from compassplay.envs.lean.targets import TargetFileError, load_targets
 from compassplay.records import Attempt, Task
-from compassplay.verifiers.lean.pool import LeanPool
+from compassplay.verifiers.lean.repl_pool import LeanPool
 
 ROOT = Path(__file__).resolve().parents[3]
 FAKE = [sys.executable, str(ROOT / "tests" / "verifiers" / "fake_lean_repl.py")]
@@ -93,7 +93,7 @@ def test_sgs_target_file_loads_with_its_unusable_statements_left_out(tmp_path, c
     assert "1 statements left out (no ':='" in caplog.text and "c3" in caplog.text
     assert "1 statements left out (a let" in caplog.text and "a1" in caplog.text
     assert "1 of 2 targets declare another header" in caplog.text
-    from compassplay.verifiers.lean.messages import declaration_header
+    from compassplay.verifiers.lean.responses import declaration_header
     assert declaration_header("theorem t : let k : ℕ := 2\n  k = 2 := by\n  let z := 3\n  rfl"
                               )[1] == "theorem t : let k : ℕ := 2 k = 2"  # (before: "... : let k : ℕ")
     path.write_text(json.dumps({"statements": []}))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from compassplay.config import load_config
-from compassplay.verifiers.lean.pool import LeanCheck, LeanPool, LeanUnavailableError
+from compassplay.verifiers.lean.repl_pool import LeanCheck, LeanPool, LeanUnavailableError
 
 FAKE = [sys.executable, str(Path(__file__).parents[1] / "fake_lean_repl.py")]
 OK = "theorem t : 1 + 1 = 2 := by decide"

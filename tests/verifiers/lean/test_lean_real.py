@@ -21,8 +21,8 @@ import shutil
 
 import pytest
 
-from compassplay.verifiers.lean.pool import LeanCheck, LeanPool
 from compassplay.verifiers.lean.repl import LeanRepl, lean_verdict
+from compassplay.verifiers.lean.repl_pool import LeanCheck, LeanPool
 
 PROJECT = os.path.expanduser(os.environ.get("LEAN_PROJECT_DIR", ""))
 COMMAND = shlex.split(os.environ.get("LEAN_REPL_COMMAND", "lake env repl"))

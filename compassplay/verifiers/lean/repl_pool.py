@@ -23,14 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from compassplay.verifiers.lean.messages import (
+from compassplay.verifiers.lean.repl import LeanRepl, LeanReplError
+from compassplay.verifiers.lean.responses import (
     STATUSES,
     LeanVerdict,
     check_statement_preserved,
     declaration_header,
     lean_verdict,
 )
-from compassplay.verifiers.lean.repl import LeanRepl, LeanReplError
 
 DEFAULT_HEADER = "import Mathlib"
 

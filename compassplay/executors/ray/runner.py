@@ -18,8 +18,8 @@ from compassplay.actors.whereabouts import record_placement
 from compassplay.config import RunConfig
 from compassplay.executors.interrupt import StopRequest
 from compassplay.executors.metrics import RunMetrics
+from compassplay.executors.ray.dashboard_metrics import RayStepMetrics
 from compassplay.executors.ray.driver import Pipeline
-from compassplay.executors.ray.metrics import RayStepMetrics
 from compassplay.executors.ray.session import init_ray
 from compassplay.plan.resources import requests
 from compassplay.records import StepStats
