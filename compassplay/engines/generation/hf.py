@@ -142,6 +142,11 @@ class HFGenerationEngine(GenerationEngine):
             str(next(model.parameters()).dtype).removeprefix("torch.")
 
     @property
+    def static_decoder(self) -> StaticDecoder | None:
+        """The static decoder this engine samples with (None: the module's own forward)."""
+        return self._decoder if isinstance(self._decoder, StaticDecoder) else None
+
+    @property
     def weight_version(self) -> int:
         return self._version
 

@@ -164,6 +164,23 @@ class StaticDecoder:
             pw = packs[id(w)] = torch.ops.mkldnn._reorder_linear_weight(w, rows)
         return torch.ops.mkldnn._linear_pointwise(x, pw, b, "none", [], "")
 
+    def decode_matmuls(self, rows: int) -> None:
+        """One decode step's matmuls alone at `rows` rows: each block's four (q/k/v, o,
+        gate/up, down) and the head, on zero inputs, with the weights packed as a step at
+        that row count uses them. What a step costs without its attention and element-wise
+        work (`bench generate`'s matmul floor)."""
+        dev, dt = self.head.device, self.dtype
+        hidden = torch.zeros((rows, 1, self.head.shape[1]), dtype=dt, device=dev)
+        heads = torch.zeros((rows, 1, self.nh * self.d), dtype=dt, device=dev)
+        mlp = torch.zeros((rows, 1, self.blocks[0].wd.shape[1]), dtype=dt, device=dev) \
+            if self.blocks else hidden
+        for b in self.blocks:
+            self._linear(hidden, b.wqkv, b.bqkv)
+            self._linear(heads, b.wo)
+            self._linear(hidden, b.wgu)
+            self._linear(mlp, b.wd)
+        self._linear(hidden, self.head)
+
     def _pack_rows(self, rows: int) -> int:
         """The row count whose packs serve a `rows`-row matmul; one row count's packs at a
         time (they cost memory). Packs made for more rows serve fewer, so a row count that
