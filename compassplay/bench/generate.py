@@ -138,7 +138,7 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
         tokens = sum(len(x.completion_ids) for x in gens)
     sec = statistics.median(times)
     static = engine.static_decoder if isinstance(engine, HFGenerationEngine) else None
-    floor = decode_matmul_seconds(static, args.batch_size) if static is not None else None
+    floor = step_matmul_seconds(static, args.batch_size) if static is not None else None
     shift = None
     if kind == "hf-bf16":
         shift = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore[attr-defined]
@@ -156,7 +156,7 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
             **({"distribution_vs_float32": shift} if shift is not None else {})}
 
 
-def decode_matmul_seconds(decoder: StaticDecoder, rows: int, reps: int = 5) -> float:
+def step_matmul_seconds(decoder: StaticDecoder, rows: int, reps: int = 5) -> float:
     """The fastest of `reps` timings (s) of one decode step's matmuls alone at `rows` rows
     (`StaticDecoder.decode_matmuls`, after one untimed call that packs the weights), settled
     like the bounds."""
