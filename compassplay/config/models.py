@@ -268,3 +268,9 @@ class BootstrapSection(Section):
     seed: int = Field(0, ge=0, description="example sampling and shuffling")
     max_examples: int = Field(0, ge=0, description="train on a random subset of this many "
                               "examples; 0 = all (tests use a few)")
+    autocast: Literal["none", "bfloat16", "auto"] = Field(
+        "none", description="the warm-up's forward passes under torch.autocast, as "
+        "learner.autocast: none = the weights' dtype; bfloat16 = matmuls on bfloat16-rounded "
+        "inputs, float32 accumulation, weights, gradients and AdamW state; auto = bfloat16 "
+        "where this CPU's bfloat16 matmuls are faster (engines/dtype_choice.py). Part of the "
+        "cache key; the dtype it resolved to is in the entry's recipe.json")

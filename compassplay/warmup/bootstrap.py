@@ -32,6 +32,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from compassplay.config import BootstrapSection, RunConfig
+from compassplay.engines.dtype_choice import resolve_autocast
 from compassplay.envs.code import CodeEnvironment
 from compassplay.envs.code import code_prompts as prompts
 from compassplay.models.cache import prepare_cached
@@ -113,20 +114,25 @@ def cache_key(cfg: RunConfig, exs: list[SFTExample]) -> str:
     """Base model + rendered examples + recipe -> a short hex key."""
     h = hashlib.sha256()
     m = cfg.model
-    h.update(json.dumps([m.source, m.name_or_path, m.dtype, RECIPE_VERSION,
-                         cfg.bootstrap.model_dump()], sort_keys=True).encode())
+    boot = cfg.bootstrap.model_dump()
+    if boot["autocast"] == "none":  # the entries built before the field existed stay valid
+        del boot["autocast"]
+    h.update(json.dumps([m.source, m.name_or_path, m.dtype, RECIPE_VERSION, boot],
+                        sort_keys=True).encode())
     for e in exs:
         h.update(json.dumps([e.kind, e.prompt, e.target]).encode())
     return h.hexdigest()[:16]
 
 
 def train(model: torch.nn.Module, exs: list[SFTExample], pad_id: int, boot: BootstrapSection,
-          seed: int) -> list[float]:
-    """AdamW over `boot.epochs` shuffled epochs of `boot.batch_size`; mean loss per epoch."""
+          seed: int, autocast: torch.dtype | None = None) -> list[float]:
+    """AdamW over `boot.epochs` shuffled epochs of `boot.batch_size`; mean loss per epoch.
+    `autocast`: the loss's forward passes under `torch.autocast` in that dtype (None: off)."""
     rng = random.Random(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=boot.lr, betas=(0.9, 0.98),
                             weight_decay=0.0)
     model.train()
+    device = next(model.parameters()).device
     losses = []
     t0 = time.time()
     for epoch in range(boot.epochs):
@@ -137,7 +143,9 @@ def train(model: torch.nn.Module, exs: list[SFTExample], pad_id: int, boot: Boot
         rng.shuffle(batches)
         total = 0.0
         for k, batch in enumerate(batches):
-            loss = completion_loss(model, batch, pad_id)
+            with torch.autocast(device.type, dtype=autocast or torch.bfloat16,
+                                enabled=autocast is not None):
+                loss = completion_loss(model, batch, pad_id)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -175,15 +183,21 @@ def prepare_bootstrap(cfg: RunConfig, model: torch.nn.Module | None = None,
         torch.manual_seed(cfg.bootstrap.seed)
         t0 = time.time()
         try:
-            log.info("format bootstrap: %d examples (%d reply tokens), %d epochs; cached once",
-                     len(exs), sum(len(e.target) for e in exs), cfg.bootstrap.epochs)
-            losses = train(model, exs, tok.pad_token_id, cfg.bootstrap, cfg.bootstrap.seed)
+            autocast = resolve_autocast(cfg.bootstrap.autocast, model,
+                                        field="bootstrap.autocast")
+            log.info("format bootstrap: %d examples (%d reply tokens), %d epochs%s; cached once",
+                     len(exs), sum(len(e.target) for e in exs), cfg.bootstrap.epochs,
+                     f", under torch.autocast({str(autocast).removeprefix('torch.')})"
+                     if autocast else "")
+            losses = train(model, exs, tok.pad_token_id, cfg.bootstrap, cfg.bootstrap.seed,
+                           autocast)
         finally:
             torch.set_num_threads(threads)
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
         save_file(_untie(state), str(out / WEIGHTS))
         (out / "recipe.json").write_text(json.dumps({
             "examples": len(exs), "epoch_loss": losses, "seconds": round(time.time() - t0, 1),
+            "autocast": str(autocast).removeprefix("torch.") if autocast else "none",
             "bootstrap": cfg.bootstrap.model_dump(), "model": cfg.model.source}, indent=2))
 
     return prepare_cached(model_cache_dir(cfg.model), name, build, what="format bootstrap")

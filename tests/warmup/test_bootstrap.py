@@ -1,8 +1,11 @@
 """The format bootstrap: examples rendered as the run renders them, trained once, cached."""
 
+import hashlib
+import json
 import random
 
 import torch
+from safetensors.torch import load_file
 
 from compassplay.config import load_config
 from compassplay.envs.code import CodeEnvironment
@@ -88,3 +91,51 @@ def test_a_vllm_role_loads_the_bootstrapped_weights_into_its_engine(tmp_path, mo
     assert role.engine.weight_version == 0
     assert all(torch.equal(held[k], boot[k]) for k in held)
     assert any(not torch.equal(held[k], v) for k, v in base.state_dict().items())
+
+
+def test_bootstrap_under_autocast_is_its_own_entry_and_says_so(tmp_path):
+    """bootstrap.autocast=bfloat16 trains under torch.autocast (a different result from the
+    float32 warm-up, its own cache entry, recorded in recipe.json); "none" keeps the key the
+    entries built before the field existed had."""
+    plain = _cfg(tmp_path, "bootstrap.lr=1e-3", "bootstrap.max_examples=8")
+    cast = _cfg(tmp_path, "bootstrap.lr=1e-3", "bootstrap.max_examples=8",
+                "bootstrap.autocast=bfloat16")
+    _, tok = load_model(plain.model)
+    exs = bootstrap.examples(plain, tok, random.Random(0))
+    key = bootstrap.cache_key(plain, exs)
+    boot = plain.bootstrap.model_dump()
+    del boot["autocast"]  # the key of an entry built before bootstrap.autocast existed
+    m = plain.model
+    h = hashlib.sha256(json.dumps([m.source, m.name_or_path, m.dtype, bootstrap.RECIPE_VERSION,
+                                   boot], sort_keys=True).encode())
+    for e in exs:
+        h.update(json.dumps([e.kind, e.prompt, e.target]).encode())
+    assert key == h.hexdigest()[:16]
+    assert bootstrap.cache_key(cast, exs) != key
+    a = bootstrap.prepare_bootstrap(plain)
+    b = bootstrap.prepare_bootstrap(cast)
+    assert a != b
+    assert json.loads((a / "recipe.json").read_text())["autocast"] == "none"
+    assert json.loads((b / "recipe.json").read_text())["autocast"] == "bfloat16"
+    wa, wb = (load_file(str(p / bootstrap.WEIGHTS)) for p in (a, b))
+    assert wa.keys() == wb.keys()
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)
+    assert all(wb[k].dtype == wa[k].dtype for k in wa)  # float32 weights either way
+
+
+def test_train_runs_the_loss_under_autocast(monkeypatch, tmp_path):
+    """The loss's forward passes see torch.autocast enabled in the dtype asked for."""
+    cfg = _cfg(tmp_path, "bootstrap.max_examples=4", "bootstrap.batch_size=4")
+    model, tok = load_model(cfg.model)
+    exs = bootstrap.examples(cfg, tok, random.Random(0))[:4]
+    seen = []
+    real = bootstrap.completion_loss
+
+    def spy(*args, **kwargs):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(bootstrap, "completion_loss", spy)
+    bootstrap.train(model, exs, tok.pad_token_id, cfg.bootstrap, 0, torch.bfloat16)
+    bootstrap.train(model, exs, tok.pad_token_id, cfg.bootstrap, 0, None)
+    assert seen == [(True, torch.bfloat16), (False, seen[1][1])]
