@@ -21,7 +21,7 @@ for s in range(8):
         continue
     rows.append({"seed": s, "valid": ([x["valid"] for x in a], [x["valid"] for x in b]),
                  "eligible": ([x["eligible"] for x in a], [x["eligible"] for x in b])})
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=True):
         for k in pairs:
             pairs[k].append((x[k], y[k]))
 out = {"n": len(pairs["valid"]), "runs": rows, "compare": {}}
