@@ -229,7 +229,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     import ray
 
     from compassplay.executors.local import LocalExecutor  # lazy: pulls torch
-    from compassplay.executors.ray.runner import run_pipeline  # lazy: pulls torch
+    from compassplay.executors.ray.pipeline_runner import run_pipeline  # lazy: pulls torch
 
     if args.steps < 2:
         raise ValueError(f"--steps must be >= 2 (a kill after step 0, a resume after step 1), "

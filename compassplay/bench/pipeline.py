@@ -26,7 +26,7 @@ import ray
 from compassplay.actors.placement import ActorSet
 from compassplay.config import load_config
 from compassplay.executors.ray.driver import Pipeline
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from compassplay.executors.ray.session import init_ray
 from compassplay.records import StepStats
 from compassplay.step.graph import StageCall

@@ -70,7 +70,7 @@ def _execute(cfg: RunConfig, executor: str, run_dir: Path, resume: str | None,
         finally:
             bar.close()
     else:
-        from compassplay.executors.ray.runner import run_pipeline  # lazy: pulls ray
+        from compassplay.executors.ray.pipeline_runner import run_pipeline  # lazy: pulls ray
 
         with stop.deferred():
             run_pipeline(cfg, run_dir, resume=bool(resume), stop=stop)

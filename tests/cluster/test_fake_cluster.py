@@ -16,7 +16,7 @@ from compassplay.bench.fake_node_types import (
 )
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ from compassplay.bench.fake_node_types import HEAD_TYPE, alive_nodes_by_type
 from compassplay.commands.plot import plot_lean_fleet, read_lean_timeline
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from tests.executors import lean_script
 from tests.executors.ray.test_pipeline import metric_rows
 

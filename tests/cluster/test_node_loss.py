@@ -17,7 +17,7 @@ from compassplay.bench.fake_node_types import HEAD_TYPE, alive_nodes_by_type
 from compassplay.config import load_config
 from compassplay.errors import RunError
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from tests.executors.ray.test_pipeline import metric_rows
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

@@ -14,7 +14,7 @@ import pytest
 import ray
 
 from compassplay.config import load_config
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from compassplay.executors.ray.session import init_ray
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

@@ -17,7 +17,7 @@ import ray
 from compassplay.config import load_config
 from compassplay.errors import RunError
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from tests.executors import lean_script
 from tests.executors.ray.test_pipeline import metric_rows
 

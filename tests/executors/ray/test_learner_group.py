@@ -9,7 +9,7 @@ import pytest
 
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.slow, pytest.mark.ray]

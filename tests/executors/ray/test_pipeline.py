@@ -11,7 +11,7 @@ import ray
 
 from compassplay.config import load_config
 from compassplay.executors.local import LocalExecutor
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from compassplay.rundir.runlog import comparable_steps as metric_rows  # step rows, no timing
 from compassplay.step.graph import STEP
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from compassplay.config import load_config
-from compassplay.executors.ray.runner import run_pipeline
+from compassplay.executors.ray.pipeline_runner import run_pipeline
 from tests.executors.eval_fixture import check_run, write_cruxeval
 
 pytestmark = [pytest.mark.slow, pytest.mark.ray]
