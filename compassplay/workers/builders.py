@@ -171,7 +171,8 @@ def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Mod
     if model is None:
         raise ValueError("engine 'hf' needs the model")
     return HFGenerationEngine(copy.deepcopy(model).to(device), tokenizer,
-                              decode_dtype=section.decode_dtype)
+                              decode_dtype=section.decode_dtype,
+                              decode_kernels=section.decode_kernels)
 
 
 def make_reference(cfg: RunConfig, tokenizer) -> list[Example]:

@@ -135,15 +135,45 @@ def test_bench_generate_bf16_carries_its_own_bound_and_the_distribution_shift():
     assert shift["kl_mean_nats"] >= 0.0
 
 
-@pytest.mark.parametrize("engine", ["hf", "hf-bf16"])
+def test_bench_generate_compares_the_fused_kernels_with_torch_ops_in_one_run():
+    """`--engine hf-bf16,hf-bf16-c`: both on the same prompts, the fused engine with its
+    greedy agreement and teacher-forced distance to the torch-op engine, and to float32."""
+    from compassplay.engines.generation.decode_kernels import load
+
+    if load() is None:
+        pytest.skip("no C compiler builds the kernels")
+    out = generate.run(_args("--engine", "hf-bf16,hf-bf16-c", "--batch-size", "2",
+                             "--new-tokens", "5", "--prompt-tokens", "6", "--reps", "1"))
+    ops, fused = out["results"]
+    assert (ops["engine"], fused["engine"]) == ("hf-bf16", "hf-bf16-c")
+    assert fused["greedy_equal_to"]["engine"] == "hf-bf16"
+    assert {"engine": "hf-bf16", **fused["greedy_equal_to_torch_ops"]} == \
+        fused["greedy_equal_to"]
+    assert "greedy_equal_to_torch_ops" not in ops and "distribution_vs_torch_ops" not in ops
+    near = fused["distribution_vs_torch_ops"]
+    assert near["positions"] == 10 and near["top1_agreement"] >= 0.9
+    assert near["kl_mean_nats"] < 1e-3
+    assert fused["fraction_of_bf16_bound"] > 0 and fused["decode_dtype"] == "bfloat16"
+
+
+def test_bench_generate_names_an_unknown_engine():
+    with pytest.raises(SystemExit):
+        _args("--engine", "hf,fast")
+    assert generate.engine_list("hf,hf-bf16-c") == "hf,hf-bf16-c"
+    with pytest.raises(argparse.ArgumentTypeError, match="'hf,fast'"):
+        generate.engine_list("hf,fast")
+
+
+@pytest.mark.parametrize("engine", ["hf", "hf-bf16", "hf-bf16-c"])
 def test_static_decoder_engines_carry_their_matmul_floor(engine):
     """The floor is the prefill at the decoder dtype's matmul rate plus one timed pass of the
     decode step's matmuls per step, and lies below the call it bounds."""
     out = generate.run(_args("--engine", engine, "--batch-size", "3", "--new-tokens", "6",
                              "--prompt-tokens", "5", "--reps", "1"))
     r, b = out["results"][0], out["bounds"]["micro"]
-    assert r["decode_dtype"] == ("bfloat16" if engine == "hf-bf16" else "float32")
-    prefill = (b["bf16"] if engine == "hf-bf16" else b)["prefill_s"]
+    bf16 = engine.startswith("hf-bf16")
+    assert r["decode_dtype"] == ("bfloat16" if bf16 else "float32")
+    prefill = (b["bf16"] if bf16 else b)["prefill_s"]
     assert r["decode_matmul_s"] > 0
     assert r["matmul_floor_s"] == pytest.approx(prefill + 5 * r["decode_matmul_s"])
     assert r["fraction_of_matmul_floor"] == pytest.approx(r["matmul_floor_s"] / r["seconds"])

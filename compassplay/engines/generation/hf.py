@@ -99,11 +99,15 @@ class HFGenerationEngine(GenerationEngine):
     decode_dtype: the static decoder's matmul dtype, "model" (the weights' own, the default),
     "bfloat16", or "auto" (bfloat16 where this CPU runs it faster: `resolve_decode_dtype`);
     `self.decode_dtype` names the one in use.
+    decode_kernels: "auto" (the default: a bfloat16 static decoder on CPU runs its decode
+    steps' non-matmul work in `decode_kernels`, where the library builds), "c" (the same, an
+    error where it cannot) or "torch" (torch ops); `self.decode_kernels` names the one in use.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, pad_token_id: int | None = None,
                  eos_token_id: int | list[int] | None = None, weight_version: int = 0,
-                 decoder: str = "auto", decode_dtype: str = "model") -> None:
+                 decoder: str = "auto", decode_dtype: str = "model",
+                 decode_kernels: str = "auto") -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder: unknown decoder {decoder!r} (expected one of "
                              f"{DECODERS})")
@@ -130,13 +134,19 @@ class HFGenerationEngine(GenerationEngine):
                      "module's own forward", why)
         if decoder == "static" and why is None:
             dtype = resolve_decode_dtype(decode_dtype, model)
-            self._decoder: StaticDecoder | ModuleDecoder = StaticDecoder(model, dtype=dtype)
+            self._decoder: StaticDecoder | ModuleDecoder = StaticDecoder(
+                model, dtype=dtype, kernels=decode_kernels)
         else:
             if decode_dtype != "model":
                 log.info("generation: decode_dtype=%s applies to the static decoder only; "
                          "the module's forward runs in its own dtype", decode_dtype)
             self._decoder = ModuleDecoder(model)
         self.decoder = "static" if isinstance(self._decoder, StaticDecoder) else "hf"
+        self.decode_kernels = self._decoder.kernels \
+            if isinstance(self._decoder, StaticDecoder) else "torch"
+        if self.decode_kernels == "c":
+            log.info("generation: decode steps between the matmuls on the fused C kernels (%s)",
+                     self._decoder._kern.path)  # type: ignore[union-attr]
         self.decode_dtype = str(self._decoder.dtype).removeprefix("torch.") \
             if isinstance(self._decoder, StaticDecoder) else \
             str(next(model.parameters()).dtype).removeprefix("torch.")

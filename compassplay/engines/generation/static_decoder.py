@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from compassplay.engines.generation import decode_kernels
 from compassplay.engines.generation.prefix_plan import PrefixPlan, plan_prefix
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
@@ -85,7 +86,7 @@ class StaticDecoder:
     """
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None,
-                 pack: bool = True) -> None:
+                 pack: bool = True, kernels: str = "torch") -> None:
         if (why := unsupported_reason(model)) is not None:
             raise ValueError(f"StaticDecoder: {why}")
         cfg = model.config
@@ -106,6 +107,33 @@ class StaticDecoder:
         self.prefill_columns = 0  # columns (positions x rows) the last `start` computed
         self.refresh()
         self._t = 0
+        self.kernels = self._resolve_kernels(kernels)
+        self._kern = None
+        if self.kernels == "c":
+            self._kern = decode_kernels.load()
+        self._bufs: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
+
+    def _resolve_kernels(self, choice: str) -> str:
+        """"c" (a bfloat16 decoder on CPU: its decode steps use `decode_kernels`) or "torch".
+        "auto" takes "c" where it applies and the library builds; "c" where it cannot apply
+        or build is an error naming the reason."""
+        if choice not in decode_kernels.KERNEL_CHOICES:
+            raise ValueError(f"decode_kernels: unknown choice {choice!r} (expected one of "
+                             f"{decode_kernels.KERNEL_CHOICES})")
+        if choice == "torch":
+            return "torch"
+        why = None
+        if self.head.device.type != "cpu":
+            why = "the decoder is not on CPU"
+        elif self.dtype != torch.bfloat16 or not self.keys_transposed:
+            why = f"the decoder runs in {self.dtype}, the kernels in bfloat16"
+        elif decode_kernels.load() is None:
+            why = "the library could not be built (logged above)"
+        if why is None:
+            return "c"
+        if choice == "c":
+            raise ValueError(f"decode_kernels=c: {why}")
+        return "torch"
 
     def weights_fingerprint(self) -> tuple[int, ...]:
         """Changes whenever a parameter is replaced or written in place (load_state_dict, an
@@ -325,11 +353,50 @@ class StaticDecoder:
         t = self._t
         if t >= self._v.shape[3]:
             raise ValueError(f"the KV cache is full ({t} positions)")
-        x = self.embed[tok][:, None, :].float()
-        pos = (t - self._pad)[:, None]
-        logits = self._forward(x, pos, self._bias[..., :t + 1], t)
+        if self._kern is not None:
+            logits = self._step_fused(tok, t)
+        else:
+            x = self.embed[tok][:, None, :].float()
+            pos = (t - self._pad)[:, None]
+            logits = self._forward(x, pos, self._bias[..., :t + 1], t)
         self._t = t + 1
         return logits
+
+    def _buffers(self, rows: int, capacity: int) -> tuple[torch.Tensor, ...]:
+        """A fused step's work tensors for `rows` rows and cache capacity C, kept while the
+        shape holds: normed hidden [B, H], attention output [B, nh d] and MLP activation
+        [B, I] (bfloat16), the attention's scratch [B nkv, (nh / nkv) C] float32."""
+        key = (rows, capacity)
+        if (bufs := self._bufs.get(key)) is None:
+            hidden, inner = self.head.shape[1], self.blocks[0].wd.shape[1]
+            self._bufs = {key: (
+                torch.empty((rows, 1, hidden), dtype=self.dtype),
+                torch.empty((rows, 1, self.nh * self.d), dtype=self.dtype),
+                torch.empty((rows, 1, inner), dtype=self.dtype),
+                torch.empty((rows * self.nkv, (self.nh // self.nkv) * capacity)))}
+            bufs = self._bufs[key]
+        return bufs
+
+    def _step_fused(self, tok: torch.Tensor, t: int) -> torch.Tensor:
+        """`step` with `decode_kernels` between the matmuls: the same arithmetic and roundings
+        as `_forward`'s decode path, summed in another order. tok: [B] -> logits [B, V]."""
+        kern, bsz = self._kern, len(tok)
+        h, att, act, scratch = self._buffers(bsz, self._v.shape[3])
+        h2, att2, act2 = h.view(bsz, -1), att.view(bsz, -1), act.view(bsz, -1)
+        x = self.embed[tok].float().contiguous()  # [B, H] float32 residual stream
+        pos = (t - self._pad).contiguous()
+        bias = self._bias.view(bsz, -1)
+        heads, delta = (self.nh, self.nkv, self.d), None
+        for i, b in enumerate(self.blocks):
+            kern.add_rms(x, delta, b.ln1, h2, self.eps)
+            qkv = self._linear(h, b.wqkv, b.bqkv)
+            kern.rope_attend(qkv, self._cos, self._sin, pos, self._k[i], self._v[i], bias,
+                             scratch, att2, heads, t, self.scale)
+            kern.add_rms(x, self._linear(att, b.wo), b.ln2, h2, self.eps)
+            kern.silu_mul(self._linear(h, b.wgu), act2)
+            delta = self._linear(act, b.wd)
+        kern.add_rms(x, delta, self.norm, h2, self.eps)
+        return self._linear(h, self.head)[:, 0].float()
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only the current rows `rows` ([A] long, in their new order) for the next

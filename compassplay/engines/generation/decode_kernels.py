@@ -1,0 +1,160 @@
+"""Fused C kernels for the bfloat16 decode steps of `StaticDecoder` on CPU, built on first use.
+
+`decode_kernels.c` holds three functions (residual add + RMS norm, rotary embedding + KV write
++ attention, SiLU x up) that replace the ~30 small torch ops between a block's four matmuls
+in a decode step. They are compiled once per machine with the system's C compiler
+(`$CC`, else `cc`/`gcc`; about 1 s: no torch headers) for this CPU (`-march=native`), kept in
+`<cache>/decode_kernels/` under a key of the source, compiler and CPU, and loaded with
+`ctypes`. The library links `libgomp.so.1`, which resolves to the OpenMP runtime torch has
+already loaded, so its parallel loops use torch's threads and thread count.
+
+Where there is no compiler, or the build or its load fails, `load()` returns None with one log
+line and the decoder keeps its torch ops (the same results up to summation order; see
+`StaticDecoder` and docs/measurements/decode-kernels-2026-12-06).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from compassplay.fileio import default_cache_dir
+
+SOURCE = Path(__file__).with_name("decode_kernels.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+BUILD_TIMEOUT_S = 120.0
+KERNEL_CHOICES = ("torch", "c", "auto")
+
+log = logging.getLogger(__name__)
+_loaded: dict[Path, DecodeKernels | None] = {}  # one attempt per process and cache folder
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+def _compiler() -> str | None:
+    """The C compiler to build with: `$CC`, else `cc` or `gcc` on PATH (None: none)."""
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and (path := shutil.which(name)):
+            return path
+    return None
+
+
+def _cpu_identity() -> str:
+    """The CPU model and its feature flags (`-march=native` builds for exactly these)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+        if key.strip() == "flags":
+            break
+    return f"{fields.get('model name', '')} | {fields.get('flags', '')}"
+
+
+def build_key(compiler: str) -> str:
+    """A hex digest of what the library depends on: the source, flags, compiler, CPU."""
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout.splitlines()[:1]
+    except (OSError, subprocess.SubprocessError):
+        version = []
+    parts = [SOURCE.read_bytes().hex(), " ".join(FLAGS), compiler, *version, _cpu_identity()]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def build(cache_dir: Path | None = None) -> Path:
+    """The compiled library for this source, compiler and CPU: reused from the cache or built
+    now (atomically: concurrent builders each rename a whole file). Raises RuntimeError with
+    the compiler's message when it cannot be built."""
+    compiler = _compiler()
+    if compiler is None:
+        raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
+    folder = (cache_dir or default_cache_dir()) / "decode_kernels"
+    lib = folder / f"decode_kernels-{build_key(compiler)}.so"
+    if lib.exists():
+        return lib
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{lib.name}.{os.getpid()}.tmp"
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run([compiler, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"],
+                              capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{compiler} took over {BUILD_TIMEOUT_S:.0f} s") from exc
+    if done.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"{compiler} failed on {SOURCE.name}: {done.stderr.strip()[-800:]}")
+    os.replace(tmp, lib)
+    log.info("generation: compiled the decode kernels in %.1f s (%s)",
+             time.perf_counter() - t0, lib)
+    return lib
+
+
+class DecodeKernels:
+    """The loaded library. Every tensor argument must be contiguous, on CPU, in the dtype
+    named; the callers (`StaticDecoder`) check that once per call, not per step."""
+
+    def __init__(self, path: Path) -> None:
+        torch.get_num_threads()  # torch (and its libgomp.so.1) is loaded before the library
+        lib = ctypes.CDLL(str(path))
+        lib.cp_add_rms.argtypes = [_P, _P, _P, _P, _I, _I, _F]
+        lib.cp_rope_attend.argtypes = [_P] * 9 + [_I] * 6 + [_F]
+        lib.cp_silu_mul.argtypes = [_P, _P, _I, _I]
+        for fn in (lib.cp_add_rms, lib.cp_rope_attend, lib.cp_silu_mul):
+            fn.restype = None
+        self.path = path
+        self._lib = lib
+
+    def add_rms(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                out: torch.Tensor, eps: float) -> None:
+        """x [B, H] float32 += delta [B, H] bfloat16 (None: nothing added), then
+        out [B, H] bfloat16 = RMS norm of x times weight [H] float32."""
+        rows, hidden = x.shape
+        self._lib.cp_add_rms(x.data_ptr(), None if delta is None else delta.data_ptr(),
+                             weight.data_ptr(), out.data_ptr(), rows, hidden, eps)
+
+    def rope_attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    pos: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                    bias: torch.Tensor, scratch: torch.Tensor, out: torch.Tensor,
+                    heads: tuple[int, int, int], t: int, scale: float) -> None:
+        """Attention of the new column t. qkv [B, (nh + 2 nkv) d] bfloat16; cos, sin [C, d]
+        float32 (sin signed); pos [B] int64; keys [B, nkv, d, C], values [B, nkv, C, d]
+        bfloat16 (column t written); bias [B, C] float32; scratch [B nkv (nh / nkv) C]
+        float32; out [B, nh d] bfloat16; heads = (nh, nkv, d)."""
+        nh, nkv, d = heads
+        self._lib.cp_rope_attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                 pos.data_ptr(), keys.data_ptr(), values.data_ptr(),
+                                 bias.data_ptr(), scratch.data_ptr(), out.data_ptr(),
+                                 qkv.shape[0], nh, nkv, d, values.shape[2], t, scale)
+
+    def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
+        """out [B, I] = silu(gate) * up, gate_up [B, 2 I] bfloat16 (gate columns first)."""
+        rows, inter = out.shape
+        self._lib.cp_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
+
+
+def load(cache_dir: Path | None = None) -> DecodeKernels | None:
+    """The kernels, built if needed; None (logged once per process) where they cannot be."""
+    folder = cache_dir or default_cache_dir()
+    if folder in _loaded:
+        return _loaded[folder]
+    try:
+        kernels: DecodeKernels | None = DecodeKernels(build(folder))
+    except (RuntimeError, OSError) as exc:
+        log.warning("generation: the fused decode kernels are unavailable (%s); decode steps "
+                    "use torch ops", exc)
+        kernels = None
+    _loaded[folder] = kernels
+    return kernels

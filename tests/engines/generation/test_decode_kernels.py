@@ -1,0 +1,201 @@
+"""The fused C decode kernels against the torch ops they replace (the oracle: the same
+bfloat16 decoder on torch ops, and the float32 module forward), their build and cache, the
+fallback where no compiler builds them, and the OpenMP runtime they share with torch."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from compassplay.config import TinyModelConfig
+from compassplay.engines import SamplingParams
+from compassplay.engines.generation import decode_kernels as dk
+from compassplay.engines.generation.base import Segment
+from compassplay.engines.generation.hf import HFGenerationEngine
+from compassplay.engines.generation.static_decoder import StaticDecoder
+from compassplay.models.loading import tiny_config
+
+pytestmark = pytest.mark.skipif(dk.load() is None, reason="no C compiler builds the kernels")
+
+
+def model_with(arch: str, heads: int, kv_heads: int, hidden: int, seed: int = 0
+               ) -> torch.nn.Module:
+    """A random 2-block model; head dim = hidden / heads (64 at SmolLM2's 576 / 9)."""
+    t = TinyModelConfig(arch=arch, hidden_size=hidden, num_layers=2, num_heads=heads,
+                        num_kv_heads=kv_heads, intermediate_size=2 * hidden, max_positions=512,
+                        tie_embeddings=arch == "qwen2")
+    cfg = tiny_config(t, 260, pad_id=259, eos_id=258)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def left_pad(rows: list[list[int]], pad_id: int = 259) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows])
+    return ids, torch.tensor([width - len(r) for r in rows])
+
+
+def kl(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """KL(softmax a || softmax b) per row (nats)."""
+    la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+    return (la.exp() * (la - lb)).sum(-1)
+
+
+SHAPES = [("llama", 4, 2, 64), ("qwen2", 4, 2, 64), ("llama", 3, 1, 192), ("qwen2", 2, 2, 128)]
+
+
+@pytest.mark.parametrize("arch,heads,kv_heads,hidden", SHAPES)
+def test_fused_steps_follow_the_torch_ops_and_the_float32_forward(arch, heads, kv_heads,
+                                                                  hidden):
+    """Left padding, repeated prompts, rows dropped by `keep`, 40 steps: logits within
+    bfloat16 rounding of the torch-op decoder's (KL < 1e-3 nats per position, where the
+    bfloat16 decoders are each as far from float32's), the cache's keys and values equal but
+    for a few entries that differ by bfloat16 roundings."""
+    model = model_with(arch, heads, kv_heads, hidden, seed=7)
+    rows = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 43]]
+    ids, pad = left_pad(rows)
+    fused = StaticDecoder(model, dtype=torch.bfloat16, kernels="c")
+    ops = StaticDecoder(model, dtype=torch.bfloat16)
+    ref = StaticDecoder(model)
+    assert (fused.kernels, ops.kernels, ref.kernels) == ("c", "torch", "torch")
+    g = torch.Generator().manual_seed(3)
+    worst_ops, worst_ref, worst_fused_ref = 0.0, 0.0, 0.0
+    with torch.no_grad():
+        a, b, c = (d.start(ids, pad, ids.shape[1] + 40) for d in (fused, ops, ref))
+        assert torch.equal(a, b)  # the prefill is the same code
+        for step in range(40):
+            tok = torch.randint(0, 258, (len(a),), generator=g)
+            if step == 20:  # the engine drops finished rows
+                keep = torch.tensor([3, 0, 2])
+                for d in (fused, ops, ref):
+                    d.keep(keep)
+                tok = tok[keep]
+            a, b, c = fused.step(tok), ops.step(tok), ref.step(tok)
+            worst_ops = max(worst_ops, float(kl(b, a).max()))
+            worst_ref = max(worst_ref, float(kl(c, b).max()))
+            worst_fused_ref = max(worst_fused_ref, float(kl(c, a).max()))
+        for got, want in ((fused._k, ops._k), (fused._v, ops._v)):
+            diff = (got.float() - want.float()).abs()
+            assert float((diff > 0).float().mean()) < 0.05
+            assert float(diff.max()) < 0.02 * float(want.float().abs().max())
+    assert worst_ops < 1e-3 and worst_fused_ref < 1e-3, (worst_ops, worst_ref, worst_fused_ref)
+    assert worst_fused_ref < 3 * worst_ref + 1e-5  # no farther from float32 than torch ops
+
+
+def test_a_shared_prefix_and_capacity_changes_keep_the_fused_steps_right():
+    """Prompts sharing a prefix (prefilled once), then a second call with another row count
+    and capacity (the work buffers are rebuilt): top-1 equal to the torch-op decoder's."""
+    model = model_with("llama", 4, 2, 64, seed=2)
+    shared = list(range(20, 60))
+    calls = [[shared + [1, 2], shared + [3], shared + [4, 5, 6]], [[7, 8, 9], [10, 11]]]
+    fused = StaticDecoder(model, dtype=torch.bfloat16, kernels="c")
+    ops = StaticDecoder(model, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for rows, extra in zip(calls, (12, 30), strict=True):
+            ids, pad = left_pad(rows)
+            a, b = fused.start(ids, pad, ids.shape[1] + extra), ops.start(ids, pad,
+                                                                        ids.shape[1] + extra)
+            for _ in range(extra - 1):
+                tok = b.argmax(-1)
+                a, b = fused.step(tok), ops.step(tok)
+                assert float(kl(b, a).max()) < 1e-3
+    assert list(fused._bufs) == [(2, 3 + 30)]
+
+
+def test_engine_uses_the_kernels_for_bfloat16_and_keeps_sampling_valid():
+    """The engine's default (`decode_kernels: auto`) takes the kernels for a bfloat16 static
+    decoder on CPU: seeded sampling reproducible, templated output valid; float32 and `torch`
+    keep torch ops."""
+    from tests.engines.generation.test_static_decoder import tiny
+
+    class Tok:
+        pad_token_id, eos_token_id = 259, 258
+
+        def encode(self, text, add_special_tokens=False):
+            return [ord(ch) % 256 for ch in text]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(chr(i) for i in ids if i < 256)
+
+    model = tiny("qwen2", seed=3)
+    engine = HFGenerationEngine(model, Tok(), decode_dtype="bfloat16")
+    assert engine.decode_kernels == "c" and engine._decoder._kern is not None
+    assert HFGenerationEngine(model, Tok()).decode_kernels == "torch"  # float32
+    assert HFGenerationEngine(model, Tok(), decode_dtype="bfloat16",
+                              decode_kernels="torch").decode_kernels == "torch"
+    prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]
+    templ = SamplingParams(max_new_tokens=40, temperature=0.9, seed=1,
+                           template=(Segment("```", "\n", 10), Segment("```", "", 8)))
+    s1 = engine.generate(prompts, templ)
+    s2 = HFGenerationEngine(model, Tok(), decode_dtype="bfloat16").generate(prompts, templ)
+    assert [g.completion_ids for g in s1] == [g.completion_ids for g in s2]
+    assert all(g.finish_reason == "stop" and g.text.count("```") == 2 for g in s1)
+
+
+def test_the_library_is_built_once_and_kept_under_its_key(tmp_path, caplog):
+    caplog.set_level(logging.INFO)
+    first = dk.build(tmp_path)
+    stamp = first.stat().st_mtime_ns
+    assert "compiled the decode kernels" in caplog.text
+    caplog.clear()
+    assert dk.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
+    assert "compiled" not in caplog.text
+    assert [p.name for p in (tmp_path / "decode_kernels").iterdir()] == [first.name]
+
+
+def test_another_source_gets_another_key(tmp_path, monkeypatch):
+    compiler = dk._compiler()
+    assert compiler is not None
+    before = dk.build_key(compiler)
+    src = tmp_path / "decode_kernels.c"
+    src.write_text(dk.SOURCE.read_text() + "\n/* changed */\n")
+    monkeypatch.setattr(dk, "SOURCE", src)
+    assert dk.build_key(compiler) != before
+
+
+def test_a_source_that_does_not_compile_names_the_compilers_error(tmp_path, monkeypatch):
+    src = tmp_path / "decode_kernels.c"
+    src.write_text("int broken( {\n")
+    monkeypatch.setattr(dk, "SOURCE", src)
+    with pytest.raises(RuntimeError, match="failed on decode_kernels.c"):
+        dk.build(tmp_path / "cache")
+    assert not any((tmp_path / "cache" / "decode_kernels").iterdir())  # no partial file
+
+
+def test_without_a_compiler_auto_falls_back_and_c_is_an_error(tmp_path, monkeypatch, caplog):
+    from tests.engines.generation.test_static_decoder import tiny
+
+    monkeypatch.setenv("COMPASSPLAY_CACHE", str(tmp_path))  # nothing built there
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(dk, "_loaded", {})
+    caplog.set_level(logging.WARNING)
+    model = tiny("llama")
+    assert StaticDecoder(model, dtype=torch.bfloat16, kernels="auto").kernels == "torch"
+    assert "no C compiler" in caplog.text and caplog.text.count("unavailable") == 1
+    with pytest.raises(ValueError, match="decode_kernels=c: the library could not be built"):
+        StaticDecoder(model, dtype=torch.bfloat16, kernels="c")
+    with pytest.raises(ValueError, match="decode_kernels=c: the decoder runs in torch.float32"):
+        StaticDecoder(model, kernels="c")
+    with pytest.raises(ValueError, match="unknown choice 'fast'"):
+        StaticDecoder(model, kernels="fast")
+
+
+def test_the_kernels_share_torchs_openmp_runtime():
+    """The library's libgomp.so.1 is torch's (the system's, which a plain load of the
+    library would bring, is not mapped): the kernels' parallel loops use torch's thread pool
+    and thread count instead of starting a second pool on the same cores. (Wheels that vendor
+    a renamed libgomp, e.g. sentencepiece's, keep their own pool under their own name.)"""
+    ours = Path(torch.__file__).parent / "lib" / "libgomp.so.1"
+    if not ours.exists():
+        pytest.skip("this torch build does not ship libgomp.so.1")
+    assert dk.load() is not None
+    maps = Path("/proc/self/maps").read_text().splitlines()
+    gomp = {line.split()[-1] for line in maps if line.endswith("/libgomp.so.1")}
+    assert gomp == {str(ours)}, gomp
+    assert any("decode_kernels-" in line for line in maps)
