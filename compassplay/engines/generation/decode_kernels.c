@@ -18,6 +18,8 @@
 
 typedef uint16_t bf16;
 
+enum { COLS = 64 };  /* cached columns whose scores one pass over K^T sums at once */
+
 static inline float bf2f(bf16 h) {
     union { uint32_t u; float f; } v;
     v.u = (uint32_t)h << 16;
@@ -34,6 +36,31 @@ static inline bf16 f2bf(float f) {
 }
 
 static inline float round_bf(float f) { return bf2f(f2bf(f)); }
+
+/* e^x in float32 within 2 ulp (Cody-Waite reduction, Cephes' degree-6 polynomial), written
+   so that loops over it vectorize (libm's expf does not); 0 below -87.3 (where e^x is a
+   denormal), +inf above 88.7. */
+static inline float exp_f(float x) {
+    const float big = 12582912.0f;  /* 1.5 * 2^23: adding it rounds to an integer */
+    float n = (x * 1.44269504088896341f + big) - big;
+    float r = fmaf(n, -0.693359375f, x);
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    const float lo = -87.3365f, hi = 88.7228f;
+    const int32_t e = (int32_t)(x < lo ? 0.0f : x > hi ? 0.0f : n);
+    const int32_t e1 = e / 2;  /* 2^e in two normal factors: e runs from -126 to 128 */
+    union { uint32_t u; float f; } s1, s2;
+    s1.u = (uint32_t)(e1 + 127) << 23;
+    s2.u = (uint32_t)(e - e1 + 127) << 23;
+    const float y = p * s1.f * s2.f;
+    return x < lo ? 0.0f : x > hi ? INFINITY : y;
+}
 
 /* x [B, H] float32 += delta [B, H] bfloat16 (skipped when delta is NULL); then
    out [B, H] = bf16(x * rsqrt(mean(x^2) + eps) * w), w [H] float32. */
@@ -88,30 +115,41 @@ void cp_rope_attend(const bf16 *qkv, const float *cos_t, const float *sin_t,
                     const float rot = bf2f(qin[j < half ? j + half : j - half]);
                     q[g][j] = round_bf(bf2f(qin[j]) * c[j] + rot * s[j]);
                 }
-                float *sg = sc + g * cap;
-                for (int64_t u = 0; u < n; u++) sg[u] = 0.0f;
             }
-            for (int64_t j = 0; j < d; j++) {  /* scores: a row of K^T at a time */
-                const bf16 *kj = K + j * cap;
+            /* scores, COLS cached columns at a time: their sums stay in registers while the
+               d rows of K^T stream past */
+            for (int64_t u0 = 0; u0 < n; u0 += COLS) {
+                const int64_t w = n - u0 < COLS ? n - u0 : COLS;
                 for (int64_t g = 0; g < group; g++) {
-                    const float qj = q[g][j];
-                    float *sg = sc + g * cap;
+                    float a[COLS] = {0.0f};
+                    for (int64_t j = 0; j < d; j++) {
+                        const float qj = q[g][j];
+                        const bf16 *kj = K + j * cap + u0;
+                        if (w == COLS) {
 #pragma omp simd
-                    for (int64_t u = 0; u < n; u++) sg[u] += qj * bf2f(kj[u]);
+                            for (int64_t l = 0; l < COLS; l++) a[l] += qj * bf2f(kj[l]);
+                        } else {
+                            for (int64_t l = 0; l < w; l++) a[l] += qj * bf2f(kj[l]);
+                        }
+                    }
+                    for (int64_t l = 0; l < w; l++) sc[g * cap + u0 + l] = a[l];
                 }
             }
             const float *mask = bias + b * cap;
             for (int64_t g = 0; g < group; g++) {  /* softmax in float32, weights to bf16 */
                 float *sg = sc + g * cap, top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
                 for (int64_t u = 0; u < n; u++) {
                     sg[u] = fmaf(round_bf(sg[u]), scale, mask[u]);
                     top = sg[u] > top ? sg[u] : top;
                 }
+#pragma omp simd reduction(+ : sum)
                 for (int64_t u = 0; u < n; u++) {
-                    sg[u] = expf(sg[u] - top);
+                    sg[u] = exp_f(sg[u] - top);
                     sum += sg[u];
                 }
                 const float inv = 1.0f / sum;
+#pragma omp simd
                 for (int64_t u = 0; u < n; u++) sg[u] = round_bf(sg[u] * inv);
             }
             float acc[group][d];
@@ -140,9 +178,16 @@ void cp_silu_mul(const bf16 *gu, bf16 *out, int64_t rows, int64_t inter) {
     for (int64_t b = 0; b < rows; b++) {
         const bf16 *gate = gu + b * 2 * inter, *up = gate + inter;
         bf16 *o = out + b * inter;
+#pragma omp simd
         for (int64_t j = 0; j < inter; j++) {
             const float g = bf2f(gate[j]);
-            o[j] = f2bf(round_bf(g / (1.0f + expf(-g))) * bf2f(up[j]));
+            o[j] = f2bf(round_bf(g / (1.0f + exp_f(-g))) * bf2f(up[j]));
         }
     }
+}
+
+/* y [n] = exp_f(x [n]) (tests check its accuracy against float64). */
+void cp_exp(const float *x, float *y, int64_t n) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = exp_f(x[i]);
 }

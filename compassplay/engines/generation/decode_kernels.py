@@ -112,7 +112,8 @@ class DecodeKernels:
         lib.cp_add_rms.argtypes = [_P, _P, _P, _P, _I, _I, _F]
         lib.cp_rope_attend.argtypes = [_P] * 9 + [_I] * 6 + [_F]
         lib.cp_silu_mul.argtypes = [_P, _P, _I, _I]
-        for fn in (lib.cp_add_rms, lib.cp_rope_attend, lib.cp_silu_mul):
+        lib.cp_exp.argtypes = [_P, _P, _I]
+        for fn in (lib.cp_add_rms, lib.cp_rope_attend, lib.cp_silu_mul, lib.cp_exp):
             fn.restype = None
         self.path = path
         self._lib = lib
@@ -143,6 +144,13 @@ class DecodeKernels:
         """out [B, I] = silu(gate) * up, gate_up [B, 2 I] bfloat16 (gate columns first)."""
         rows, inter = out.shape
         self._lib.cp_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
+
+
+    def exp(self, x: torch.Tensor) -> torch.Tensor:
+        """e^x of a contiguous float32 tensor with the kernels' own exp (softmax, SiLU)."""
+        out = torch.empty_like(x)
+        self._lib.cp_exp(x.data_ptr(), out.data_ptr(), x.numel())
+        return out
 
 
 def load(cache_dir: Path | None = None) -> DecodeKernels | None:
