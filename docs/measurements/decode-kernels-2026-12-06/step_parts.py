@@ -8,8 +8,8 @@ import time
 import torch
 
 from compassplay.bench.generate import MODELS
-from compassplay.models import load_model
 from compassplay.engines.generation.static_decoder import StaticDecoder
+from compassplay.models import load_model
 
 ROWS, PROMPT, COLS = 16, 64, 192
 
@@ -37,7 +37,7 @@ def main() -> dict:
             while dec._t < COLS:
                 dec.step(tok)
 
-            def one(dec=dec):
+            def one(dec=dec, tok=tok):
                 dec._t = COLS
                 dec.step(tok)
             out[f"step_{kern}_ms"] = best(one)
