@@ -5,7 +5,7 @@ import itertools
 import random
 import statistics
 
-from compassplay.eval.paired import bootstrap_ci, paired_diff, sign_flip_p
+from compassplay.eval.paired import bootstrap_ci, paired_diff, sign_flip_p, t_summary
 
 
 def _enumerated_p(diffs):
@@ -47,3 +47,24 @@ def test_paired_diff_pairs_only_shared_seeds():
     assert d.ci_low <= d.mean <= d.ci_high
     assert paired_diff({0: 1.0}, {1: 1.0}) is None
     assert "min p 0.5" in d.text()
+
+
+def test_t_summary_gives_the_t_interval_and_the_designs_power():
+    """Against a hand computation: d = 1, 2, 3, 6 (mean 3, sd sqrt(14/3)), t at 3 degrees of
+    freedom 3.18; the interval covers the mean, and a design with twice the spread detects
+    only twice as large a difference."""
+    import math
+
+    import pytest
+
+    out = t_summary([1.0, 2.0, 3.0, 6.0])
+    sd = math.sqrt(14 / 3)
+    assert out["n"] == 4 and out["difference"] == 3.0
+    assert out["ci95"] == pytest.approx([3 - 3.18 * sd / 2, 3 + 3.18 * sd / 2])
+    assert out["detectable"] == pytest.approx(2.8 * sd / 2)
+    wide = t_summary([2.0, 4.0, 6.0, 12.0])
+    assert wide["detectable"] == pytest.approx(2 * out["detectable"])
+    assert t_summary([0.1] * 40 + [0.3])["ci95"][0] < 0.1 + 0.2 / 41 < \
+        t_summary([0.1] * 40 + [0.3])["ci95"][1]  # past the table: t at 30
+    with pytest.raises(ValueError, match="at least 2"):
+        t_summary([1.0])

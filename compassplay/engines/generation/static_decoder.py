@@ -18,6 +18,11 @@ bfloat16). `dtype_choice.resolve_decode_dtype` picks it from `SamplingSection.de
 on a CPU with native bfloat16 dot products (AVX512-BF16, AMX) bfloat16 weights halve the bytes
 a decode step reads and run the matmuls 2-3x faster than float32; on one without, bfloat16 is
 emulated and slower, so "auto" measures (once per machine) before it chooses.
+
+`kernels="c"` (`SamplingSection.decode_kernels`; "auto" in the engine) runs a bfloat16 decode
+step's work between its matmuls (residual adds, RMS norms, rotary embedding, KV writes,
+attention, SiLU) in three fused C calls per block (`decode_kernels`) instead of ~30 torch
+ops: the same roundings, another summation order (docs/measurements/decode-kernels-2026-12-06).
 """
 
 from __future__ import annotations

@@ -6,14 +6,13 @@ interval, and the smallest difference the design detects at 80% power (2.8 sd / 
 """
 
 import json
-import math
 import statistics
 import sys
 from pathlib import Path
 
+from compassplay.eval.paired import t_summary
+
 HERE = Path(__file__).parent
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
-       10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13}
 
 
 def steps(executor: str, kern: str, seed: int) -> list[dict]:
@@ -24,13 +23,8 @@ def steps(executor: str, kern: str, seed: int) -> list[dict]:
 def paired(executor: str, seeds: list[int], key) -> dict:
     pairs = [(key(a), key(b)) for s in seeds
              for a, b in zip(steps(executor, "torch", s), steps(executor, "c", s), strict=True)]
-    d = [b - a for a, b in pairs]
-    n, mean = len(d), statistics.mean(d)
-    sd = statistics.stdev(d) if n > 1 else 0.0
-    half = T95.get(n - 1, 2.0) * sd / math.sqrt(n)
-    return {"n": n, "torch": statistics.mean(a for a, _ in pairs),
-            "c": statistics.mean(b for _, b in pairs), "difference": mean,
-            "ci95": [mean - half, mean + half], "detectable": 2.8 * sd / math.sqrt(n)}
+    return {"torch": statistics.mean(a for a, _ in pairs),
+            "c": statistics.mean(b for _, b in pairs), **t_summary([b - a for a, b in pairs])}
 
 
 def main(executor: str, seeds: list[int]) -> dict:
