@@ -156,13 +156,15 @@ def _bench_engine(kind: str, name: str, args: argparse.Namespace,
     floor = step_matmul_seconds(static, args.batch_size) if static is not None else None
     shift = shift_ops = None
     if kind.startswith("hf-bf16"):
-        shift = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore[attr-defined]
-            engine.tokenizer, args.batch_size, args.prompt_tokens),  # type: ignore[attr-defined]
-            min(args.new_tokens, 64), kernels=engine.decode_kernels)  # type: ignore
-    if kind == "hf-bf16-c":  # the kernels against the same dtype's torch ops
-        shift_ops = compare_decode_dtypes(engine.model, code_prompts(  # type: ignore
-            engine.tokenizer, args.batch_size, args.prompt_tokens),  # type: ignore
-            min(args.new_tokens, 64), kernels="c", ref_dtype=torch.bfloat16)
+        model = engine.model  # type: ignore[attr-defined]
+        texts = code_prompts(engine.tokenizer, args.batch_size,  # type: ignore[attr-defined]
+                             args.prompt_tokens)
+        positions = min(args.new_tokens, 64)
+        shift = compare_decode_dtypes(model, texts, positions,
+                                      kernels=engine.decode_kernels)  # type: ignore
+        if kind == "hf-bf16-c":  # the kernels against the same dtype's torch ops
+            shift_ops = compare_decode_dtypes(model, texts, positions, kernels="c",
+                                              ref_dtype=torch.bfloat16)
     device = args.device if kind != "vllm" else str(engine.device)  # type: ignore[attr-defined]
     if kind == "vllm":
         engine.shutdown()  # type: ignore[attr-defined]

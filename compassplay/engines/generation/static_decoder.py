@@ -395,6 +395,8 @@ class StaticDecoder:
         for i, b in enumerate(self.blocks):
             kern.add_rms(x, delta, b.ln1, h2, self.eps)
             qkv = self._linear(h, b.wqkv, b.bqkv)
+            if i == 0:  # the kernels read raw memory: every layout they assume, once a step
+                self._check_fused_layout(qkv, bias)
             kern.rope_attend(qkv, self._cos, self._sin, pos, self._k[i], self._v[i], bias,
                              scratch, att2, heads, t, self.scale)
             kern.add_rms(x, self._linear(att, b.wo), b.ln2, h2, self.eps)
@@ -402,6 +404,18 @@ class StaticDecoder:
             delta = self._linear(act, b.wd)
         kern.add_rms(x, delta, self.norm, h2, self.eps)
         return self._linear(h, self.head)[:, 0].float()
+
+    def _check_fused_layout(self, qkv: torch.Tensor, bias: torch.Tensor) -> None:
+        """What `decode_kernels` reads as plain arrays: contiguous, on CPU, in their dtypes
+        (ValueError naming the tensor otherwise, where the C code would read wrong memory)."""
+        want = {"keys": (self._k, self.dtype), "values": (self._v, self.dtype),
+                "qkv": (qkv, self.dtype), "key mask": (bias, torch.float32),
+                "cos": (self._cos, torch.float32), "sin": (self._sin, torch.float32),
+                "pad": (self._pad, torch.long)}
+        for name, (ten, dtype) in want.items():
+            if not ten.is_contiguous() or ten.dtype != dtype or ten.device.type != "cpu":
+                raise ValueError(f"decode_kernels: {name} must be a contiguous CPU {dtype} "
+                                 f"tensor (got {ten.dtype}, strides {ten.stride()})")
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only the current rows `rows` ([A] long, in their new order) for the next

@@ -107,6 +107,17 @@ def test_a_shared_prefix_and_capacity_changes_keep_the_fused_steps_right():
     assert list(fused._bufs) == [(2, 3 + 30)]
 
 
+def test_a_cache_in_another_layout_is_refused_before_the_kernels_read_it():
+    model = model_with("llama", 4, 2, 64)
+    dec = StaticDecoder(model, dtype=torch.bfloat16, kernels="c")
+    ids, pad = left_pad([[5, 6, 7], [8, 9]])
+    with torch.no_grad():
+        dec.start(ids, pad, 8)
+        dec._v = dec._v.transpose(3, 4).contiguous().transpose(3, 4)  # same shape, strided
+        with pytest.raises(ValueError, match="decode_kernels: values must be a contiguous"):
+            dec.step(torch.tensor([1, 2]))
+
+
 def test_engine_uses_the_kernels_for_bfloat16_and_keeps_sampling_valid():
     """The engine's default (`decode_kernels: auto`) takes the kernels for a bfloat16 static
     decoder on CPU: seeded sampling reproducible, templated output valid; float32 and `torch`
