@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -49,8 +50,18 @@ def test_first_run_with_an_empty_cache_and_a_fresh_home(tmp_path):
     names = sorted(p.name for p in cache.iterdir())
     boot = [n for n in names if n.startswith("bootstrap-") and not n.endswith(".lock")]
     assert len(boot) == 1 and (cache / boot[0] / "COMPLETE.json").is_file()
+    bf16 = any(v.get("dtype") == "bfloat16"
+               for v in json.loads((cache / "decode_dtype.json").read_text()).values())
+    # the fused decode kernels, built where the generators decode in bfloat16
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    kernels = ["decode_kernels"] if bf16 and compiler else []
     assert names == sorted(["smollm2-135m-instruct", "smollm2-135m-instruct.lock", boot[0],
-                            f"{boot[0]}.lock", "decode_dtype.json"]), "no stray temp files"
+                            f"{boot[0]}.lock", "decode_dtype.json", *kernels]), \
+        "no stray temp files"
+    if kernels:  # one library, whole (the actors that built it at once each renamed a file)
+        built = [p.name for p in (cache / "decode_kernels").iterdir()]
+        assert len(built) == 1 and built[0].endswith(".so"), built
+        assert "fused C kernels" in proc.stderr
     # the dtype choice (decode_dtype, bootstrap.autocast, learner.autocast: auto): measured
     # once per thread count (the driver's bootstrap uses every core, the actors
     # run.torch_threads), kept for this machine, read by every role
