@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from compassplay.engines.generation.static_decoder import pack_kind, unsupported_reason
+from compassplay.engines.generation.decoder_support import pack_kind, unsupported_reason
 from compassplay.fileio import default_cache_dir
 
 DECODE_DTYPES = ("model", "bfloat16", "auto")

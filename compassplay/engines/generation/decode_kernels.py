@@ -104,7 +104,7 @@ def build(cache_dir: Path | None = None) -> Path:
 
 class DecodeKernels:
     """The loaded library. Every tensor argument must be contiguous, on CPU, in the dtype
-    named; `StaticDecoder` checks that once per decode step (`_check_fused_layout`)."""
+    named; `FusedStep` checks that once per decode step (`check_layout`)."""
 
     def __init__(self, path: Path) -> None:
         torch.get_num_threads()  # torch (and its libgomp.so.1) is loaded before the library

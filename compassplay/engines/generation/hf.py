@@ -25,8 +25,9 @@ import torch
 
 from compassplay.engines.dtype_choice import resolve_decode_dtype
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams, check_version
+from compassplay.engines.generation.decoder_support import unsupported_reason
 from compassplay.engines.generation.sampling import TokenSampler
-from compassplay.engines.generation.static_decoder import StaticDecoder, unsupported_reason
+from compassplay.engines.generation.static_decoder import StaticDecoder
 from compassplay.engines.generation.templating import TemplateCursor
 from compassplay.records import Generation
 
@@ -146,7 +147,7 @@ class HFGenerationEngine(GenerationEngine):
             if isinstance(self._decoder, StaticDecoder) else "torch"
         if self.decode_kernels == "c":
             log.info("generation: decode steps between the matmuls on the fused C kernels (%s)",
-                     self._decoder._kern.path)  # type: ignore[union-attr]
+                     self._decoder._fused.kern.path)  # type: ignore[union-attr]
         self.decode_dtype = str(self._decoder.dtype).removeprefix("torch.") \
             if isinstance(self._decoder, StaticDecoder) else \
             str(next(model.parameters()).dtype).removeprefix("torch.")

@@ -19,10 +19,8 @@ on a CPU with native bfloat16 dot products (AVX512-BF16, AMX) bfloat16 weights h
 a decode step reads and run the matmuls 2-3x faster than float32; on one without, bfloat16 is
 emulated and slower, so "auto" measures (once per machine) before it chooses.
 
-`kernels="c"` (`SamplingSection.decode_kernels`; "auto" in the engine) runs a bfloat16 decode
-step's work between its matmuls (residual adds, RMS norms, rotary embedding, KV writes,
-attention, SiLU) in three fused C calls per block (`decode_kernels`) instead of ~30 torch
-ops: the same roundings, another summation order (docs/measurements/decode-kernels-2026-12-06).
+`kernels="c"` runs a bfloat16 decode step's work between its matmuls in fused C kernels
+(`fused_step`); `decoder_support` says which models and matmul packings it serves.
 """
 
 from __future__ import annotations
@@ -32,43 +30,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from compassplay.engines.generation import decode_kernels
+from compassplay.engines.generation.decoder_support import pack_kind, unsupported_reason
+from compassplay.engines.generation.fused_step import FusedStep, resolve_kernels
 from compassplay.engines.generation.prefix_plan import PrefixPlan, plan_prefix
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
-
-
-def unsupported_reason(model: torch.nn.Module) -> str | None:
-    """Why `StaticDecoder` cannot run `model` (None: it can)."""
-    cfg = getattr(model, "config", None)
-    kind = getattr(cfg, "model_type", None)
-    if kind not in SUPPORTED_MODEL_TYPES:
-        return f"model_type {kind!r} is not one of {SUPPORTED_MODEL_TYPES}"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"hidden_act {cfg.hidden_act!r} (only silu)"
-    if getattr(cfg, "use_sliding_window", False):
-        return "sliding-window attention"
-    if getattr(cfg, "mlp_bias", False) or (kind == "llama" and getattr(cfg, "attention_bias",
-                                                                       False)):
-        return "biases outside q/k/v"
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "layers"):
-        return "no model.layers / model.rotary_emb"
-    return None
-
-
-def pack_kind(dtype: torch.dtype) -> str | None:
-    """How a decode step's CPU matmuls in `dtype` use weights packed for their row count:
-    "mkl" (float32, `torch.ops.mkl._mkl_linear`), "onednn" (bfloat16,
-    `torch.ops.mkldnn._linear_pointwise`: 2-3x faster than `F.linear` at 16 rows on Zen 4,
-    whose bfloat16 `F.linear` reorders the weight on every call; the same sums), or None
-    (unpacked `F.linear`)."""
-    if dtype == torch.float32 and torch.backends.mkl.is_available():
-        return "mkl"
-    if dtype == torch.bfloat16 and torch.backends.mkldnn.is_available() \
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"):
-        return "onednn"
-    return None
 
 
 @dataclass
@@ -112,33 +76,9 @@ class StaticDecoder:
         self.prefill_columns = 0  # columns (positions x rows) the last `start` computed
         self.refresh()
         self._t = 0
-        self.kernels = self._resolve_kernels(kernels)
-        self._kern = None
-        if self.kernels == "c":
-            self._kern = decode_kernels.load()
-        self._bufs: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
-
-    def _resolve_kernels(self, choice: str) -> str:
-        """"c" (a bfloat16 decoder on CPU: its decode steps use `decode_kernels`) or "torch".
-        "auto" takes "c" where it applies and the library builds; "c" where it cannot apply
-        or build is an error naming the reason."""
-        if choice not in decode_kernels.KERNEL_CHOICES:
-            raise ValueError(f"decode_kernels: unknown choice {choice!r} (expected one of "
-                             f"{decode_kernels.KERNEL_CHOICES})")
-        if choice == "torch":
-            return "torch"
-        why = None
-        if self.head.device.type != "cpu":
-            why = "the decoder is not on CPU"
-        elif self.dtype != torch.bfloat16 or not self.keys_transposed:
-            why = f"the decoder runs in {self.dtype}, the kernels in bfloat16"
-        elif decode_kernels.load() is None:
-            why = "the library could not be built (logged above)"
-        if why is None:
-            return "c"
-        if choice == "c":
-            raise ValueError(f"decode_kernels=c: {why}")
-        return "torch"
+        kern = resolve_kernels(self, kernels)
+        self._fused = FusedStep(self, kern) if kern is not None else None
+        self.kernels = "torch" if self._fused is None else "c"
 
     def weights_fingerprint(self) -> tuple[int, ...]:
         """Changes whenever a parameter is replaced or written in place (load_state_dict, an
@@ -358,64 +298,14 @@ class StaticDecoder:
         t = self._t
         if t >= self._v.shape[3]:
             raise ValueError(f"the KV cache is full ({t} positions)")
-        if self._kern is not None:
-            logits = self._step_fused(tok, t)
+        if self._fused is not None:
+            logits = self._fused(tok, t)
         else:
             x = self.embed[tok][:, None, :].float()
             pos = (t - self._pad)[:, None]
             logits = self._forward(x, pos, self._bias[..., :t + 1], t)
         self._t = t + 1
         return logits
-
-    def _buffers(self, rows: int, capacity: int) -> tuple[torch.Tensor, ...]:
-        """A fused step's work tensors for `rows` rows and cache capacity C, kept while the
-        shape holds: normed hidden [B, H], attention output [B, nh d] and MLP activation
-        [B, I] (bfloat16), the attention's scratch [B nkv, (nh / nkv) C] float32."""
-        key = (rows, capacity)
-        if (bufs := self._bufs.get(key)) is None:
-            hidden, inner = self.head.shape[1], self.blocks[0].wd.shape[1]
-            self._bufs = {key: (
-                torch.empty((rows, 1, hidden), dtype=self.dtype),
-                torch.empty((rows, 1, self.nh * self.d), dtype=self.dtype),
-                torch.empty((rows, 1, inner), dtype=self.dtype),
-                torch.empty((rows * self.nkv, (self.nh // self.nkv) * capacity)))}
-            bufs = self._bufs[key]
-        return bufs
-
-    def _step_fused(self, tok: torch.Tensor, t: int) -> torch.Tensor:
-        """`step` with `decode_kernels` between the matmuls: the same arithmetic and roundings
-        as `_forward`'s decode path, summed in another order. tok: [B] -> logits [B, V]."""
-        kern, bsz = self._kern, len(tok)
-        h, att, act, scratch = self._buffers(bsz, self._v.shape[3])
-        h2, att2, act2 = h.view(bsz, -1), att.view(bsz, -1), act.view(bsz, -1)
-        x = self.embed[tok].float().contiguous()  # [B, H] float32 residual stream
-        pos = (t - self._pad).contiguous()
-        bias = self._bias.view(bsz, -1)
-        heads, delta = (self.nh, self.nkv, self.d), None
-        for i, b in enumerate(self.blocks):
-            kern.add_rms(x, delta, b.ln1, h2, self.eps)
-            qkv = self._linear(h, b.wqkv, b.bqkv)
-            if i == 0:  # the kernels read raw memory: every layout they assume, once a step
-                self._check_fused_layout(qkv, bias)
-            kern.rope_attend(qkv, self._cos, self._sin, pos, self._k[i], self._v[i], bias,
-                             scratch, att2, heads, t, self.scale)
-            kern.add_rms(x, self._linear(att, b.wo), b.ln2, h2, self.eps)
-            kern.silu_mul(self._linear(h, b.wgu), act2)
-            delta = self._linear(act, b.wd)
-        kern.add_rms(x, delta, self.norm, h2, self.eps)
-        return self._linear(h, self.head)[:, 0].float()
-
-    def _check_fused_layout(self, qkv: torch.Tensor, bias: torch.Tensor) -> None:
-        """What `decode_kernels` reads as plain arrays: contiguous, on CPU, in their dtypes
-        (ValueError naming the tensor otherwise, where the C code would read wrong memory)."""
-        want = {"keys": (self._k, self.dtype), "values": (self._v, self.dtype),
-                "qkv": (qkv, self.dtype), "key mask": (bias, torch.float32),
-                "cos": (self._cos, torch.float32), "sin": (self._sin, torch.float32),
-                "pad": (self._pad, torch.long)}
-        for name, (ten, dtype) in want.items():
-            if not ten.is_contiguous() or ten.dtype != dtype or ten.device.type != "cpu":
-                raise ValueError(f"decode_kernels: {name} must be a contiguous CPU {dtype} "
-                                 f"tensor (got {ten.dtype}, strides {ten.stride()})")
 
     def keep(self, rows: torch.Tensor) -> None:
         """Keep only the current rows `rows` ([A] long, in their new order) for the next

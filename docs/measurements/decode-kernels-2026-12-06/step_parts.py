@@ -41,8 +41,8 @@ def main() -> dict:
                 dec._t = COLS
                 dec.step(tok)
             out[f"step_{kern}_ms"] = best(one)
-        k, b = dec._kern, dec.blocks[0]
-        h, att, act, scratch = dec._buffers(ROWS, dec._v.shape[3])
+        k, b = dec._fused.kern, dec.blocks[0]
+        h, att, act, scratch = dec._fused.buffers(ROWS, dec._v.shape[3])
         x = torch.randn(ROWS, h.shape[-1])
         qkv = dec._linear(h, b.wqkv, b.bqkv)
         gu = dec._linear(h, b.wgu)

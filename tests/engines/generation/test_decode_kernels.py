@@ -104,7 +104,7 @@ def test_a_shared_prefix_and_capacity_changes_keep_the_fused_steps_right():
                 tok = b.argmax(-1)
                 a, b = fused.step(tok), ops.step(tok)
                 assert float(kl(b, a).max()) < 1e-3
-    assert list(fused._bufs) == [(2, 3 + 30)]
+    assert list(fused._fused._bufs) == [(2, 3 + 30)]
 
 
 def test_a_cache_in_another_layout_is_refused_before_the_kernels_read_it():
@@ -135,7 +135,7 @@ def test_engine_uses_the_kernels_for_bfloat16_and_keeps_sampling_valid():
 
     model = tiny("qwen2", seed=3)
     engine = HFGenerationEngine(model, Tok(), decode_dtype="bfloat16")
-    assert engine.decode_kernels == "c" and engine._decoder._kern is not None
+    assert engine.decode_kernels == "c" and engine._decoder._fused is not None
     assert HFGenerationEngine(model, Tok()).decode_kernels == "torch"  # float32
     assert HFGenerationEngine(model, Tok(), decode_dtype="bfloat16",
                               decode_kernels="torch").decode_kernels == "torch"
