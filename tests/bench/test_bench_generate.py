@@ -156,6 +156,23 @@ def test_bench_generate_compares_the_fused_kernels_with_torch_ops_in_one_run():
     assert fused["fraction_of_bf16_bound"] > 0 and fused["decode_dtype"] == "bfloat16"
 
 
+def test_bench_generate_compares_the_float32_kernels_with_torch_ops_in_one_run():
+    """`--engine hf,hf-c`: the float32 decoder on torch ops and on the kernels (the default
+    on a CPU without fast bfloat16), on the same prompts: the same greedy completions (the
+    two differ only in float32 summation order)."""
+    from compassplay.engines.generation.decode_kernels import load
+
+    if load(dtype=torch.float32) is None:
+        pytest.skip("no C compiler builds the kernels")
+    out = generate.run(_args("--engine", "hf,hf-c", "--batch-size", "2",
+                             "--new-tokens", "5", "--prompt-tokens", "6", "--reps", "1"))
+    ops, fused = out["results"]
+    assert (ops["engine"], fused["engine"]) == ("hf", "hf-c")
+    assert fused["decode_dtype"] == ops["decode_dtype"] == "float32"
+    assert fused["greedy_equal_to_torch_ops"] == {"sequences": 1.0, "tokens": 1.0}
+    assert "greedy_equal_to_torch_ops" not in ops and "fraction_of_bf16_bound" not in fused
+
+
 def test_bench_generate_names_an_unknown_engine():
     with pytest.raises(SystemExit):
         _args("--engine", "hf,fast")
@@ -164,7 +181,7 @@ def test_bench_generate_names_an_unknown_engine():
         generate.engine_list("hf,fast")
 
 
-@pytest.mark.parametrize("engine", ["hf", "hf-bf16", "hf-bf16-c"])
+@pytest.mark.parametrize("engine", ["hf", "hf-c", "hf-bf16", "hf-bf16-c"])
 def test_static_decoder_engines_carry_their_matmul_floor(engine):
     """The floor is the prefill at the decoder dtype's matmul rate plus one timed pass of the
     decode step's matmuls per step."""

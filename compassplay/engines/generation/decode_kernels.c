@@ -1,12 +1,16 @@
-/* Fused CPU kernels for one bfloat16 decode step of `StaticDecoder` (see decode_kernels.py).
+/* Fused CPU kernels for one decode step of `StaticDecoder` (see decode_kernels.py).
 
-   Between a block's four matmuls (oneDNN, called from Python) a decode step runs about 30
-   small torch ops: RMS norm, rotary embedding, the KV cache writes, the attention of each
+   Between a block's four matmuls (oneDNN or MKL, called from Python) a decode step runs about
+   30 small torch ops: RMS norm, rotary embedding, the KV cache writes, the attention of each
    query head against its cache, SiLU and the residual adds. Each of them is 5-20 us of
    dispatch for a few microseconds of work at 16 rows. These three functions do the same
-   arithmetic in three calls per block, with the same roundings to bfloat16 where the torch
-   path rounds (queries and keys after the rotary embedding, the scores q.k, the softmax
-   weights, the attention output, silu(gate)), so the two differ only in summation order.
+   arithmetic in three calls per block.
+
+   The storage type `act` of activations, the KV cache and the matmul outputs is bfloat16 by
+   default and float32 when built with -DCP_FLOAT32 (two libraries, one source). In bfloat16
+   the kernels round where the torch path rounds (queries and keys after the rotary embedding,
+   the scores q.k, the softmax weights, the attention output, silu(gate)); in float32 nothing
+   is rounded. Either way the kernels and the torch ops differ only in summation order.
 
    bfloat16 values are passed as uint16_t (the upper half of a float32). Shapes: B rows,
    H hidden size, nh query heads, nkv key/value heads, d head dim, C cache capacity, I the
@@ -16,26 +20,33 @@
 #include <math.h>
 #include <stdint.h>
 
-typedef uint16_t bf16;
-
 enum { COLS = 64 };  /* cached columns whose scores one pass over K^T sums at once */
 
-static inline float bf2f(bf16 h) {
+#ifdef CP_FLOAT32
+typedef float act;
+static inline float ld(act h) { return h; }
+static inline act st(float f) { return f; }
+static inline float rnd(float f) { return f; }
+#else
+typedef uint16_t act;
+
+static inline float ld(act h) {
     union { uint32_t u; float f; } v;
     v.u = (uint32_t)h << 16;
     return v.f;
 }
 
 /* Round to nearest even, NaN to 0x7fc0: c10::BFloat16's conversion. */
-static inline bf16 f2bf(float f) {
+static inline act st(float f) {
     union { uint32_t u; float f; } v;
     v.f = f;
-    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (bf16)0x7fc0;
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (act)0x7fc0;
     v.u += 0x7fffu + ((v.u >> 16) & 1u);
-    return (bf16)(v.u >> 16);
+    return (act)(v.u >> 16);
 }
 
-static inline float round_bf(float f) { return bf2f(f2bf(f)); }
+static inline float rnd(float f) { return ld(st(f)); }
+#endif
 
 /* e^x in float32 within 2 ulp (Cody-Waite reduction, Cephes' degree-6 polynomial), written
    so that loops over it vectorize (libm's expf does not); 0 below -87.3 (where e^x is a
@@ -62,58 +73,58 @@ static inline float exp_f(float x) {
     return x < lo ? 0.0f : x > hi ? INFINITY : y;
 }
 
-/* x [B, H] float32 += delta [B, H] bfloat16 (skipped when delta is NULL); then
-   out [B, H] = bf16(x * rsqrt(mean(x^2) + eps) * w), w [H] float32. */
-void cp_add_rms(float *x, const bf16 *delta, const float *w, bf16 *out, int64_t rows,
+/* x [B, H] float32 += delta [B, H] act (skipped when delta is NULL); then
+   out [B, H] = act(x * rsqrt(mean(x^2) + eps) * w), w [H] float32. */
+void cp_add_rms(float *x, const act *delta, const float *w, act *out, int64_t rows,
                 int64_t hidden, float eps) {
     for (int64_t r = 0; r < rows; r++) {
         float *xr = x + r * hidden;
         if (delta) {
-            const bf16 *dr = delta + r * hidden;
+            const act *dr = delta + r * hidden;
 #pragma omp simd
-            for (int64_t j = 0; j < hidden; j++) xr[j] += bf2f(dr[j]);
+            for (int64_t j = 0; j < hidden; j++) xr[j] += ld(dr[j]);
         }
         float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
         for (int64_t j = 0; j < hidden; j++) ss += xr[j] * xr[j];
         const float inv = 1.0f / sqrtf(ss / (float)hidden + eps);
-        bf16 *o = out + r * hidden;
+        act *o = out + r * hidden;
 #pragma omp simd
-        for (int64_t j = 0; j < hidden; j++) o[j] = f2bf((xr[j] * inv) * w[j]);
+        for (int64_t j = 0; j < hidden; j++) o[j] = st((xr[j] * inv) * w[j]);
     }
 }
 
 /* One decode step's attention for the new column t of every row.
-   qkv [B, (nh + 2 nkv) d] bfloat16: the fused projection (queries, keys, values).
+   qkv [B, (nh + 2 nkv) d] act: the fused projection (queries, keys, values).
    cos, sin [C, d] float32 rotary tables (sin signed: its first half negated), pos [B] int64.
-   kc [B, nkv, d, C] (keys, transposed) and vc [B, nkv, C, d] bfloat16: the block's cache;
+   kc [B, nkv, d, C] (keys, transposed) and vc [B, nkv, C, d] act: the block's cache;
    column t is written here. bias [B, C] float32 (0 or -inf: pad columns).
-   scratch [B nkv, (nh / nkv) C] float32. out [B, nh d] bfloat16. */
-void cp_rope_attend(const bf16 *qkv, const float *cos_t, const float *sin_t,
-                    const int64_t *pos, bf16 *kc, bf16 *vc, const float *bias, float *scratch,
-                    bf16 *out, int64_t rows, int64_t nh, int64_t nkv, int64_t d, int64_t cap,
+   scratch [B nkv, (nh / nkv) C] float32. out [B, nh d] act. */
+void cp_rope_attend(const act *qkv, const float *cos_t, const float *sin_t,
+                    const int64_t *pos, act *kc, act *vc, const float *bias, float *scratch,
+                    act *out, int64_t rows, int64_t nh, int64_t nkv, int64_t d, int64_t cap,
                     int64_t t, float scale) {
     const int64_t group = nh / nkv, n = t + 1, width = (nh + 2 * nkv) * d, half = d / 2;
 #pragma omp parallel for collapse(2) schedule(static)
     for (int64_t b = 0; b < rows; b++) {
         for (int64_t h = 0; h < nkv; h++) {
-            const bf16 *row = qkv + b * width;
+            const act *row = qkv + b * width;
             const float *c = cos_t + pos[b] * d, *s = sin_t + pos[b] * d;
-            bf16 *K = kc + (b * nkv + h) * d * cap;
-            bf16 *V = vc + (b * nkv + h) * cap * d;
+            act *K = kc + (b * nkv + h) * d * cap;
+            act *V = vc + (b * nkv + h) * cap * d;
             float *sc = scratch + (b * nkv + h) * group * cap;
-            const bf16 *kin = row + (nh + h) * d, *vin = row + (nh + nkv + h) * d;
+            const act *kin = row + (nh + h) * d, *vin = row + (nh + nkv + h) * d;
             for (int64_t j = 0; j < d; j++) {
-                const float rot = bf2f(kin[j < half ? j + half : j - half]);
-                K[j * cap + t] = f2bf(bf2f(kin[j]) * c[j] + rot * s[j]);
+                const float rot = ld(kin[j < half ? j + half : j - half]);
+                K[j * cap + t] = st(ld(kin[j]) * c[j] + rot * s[j]);
                 V[t * d + j] = vin[j];
             }
             float q[group][d];
             for (int64_t g = 0; g < group; g++) {
-                const bf16 *qin = row + (h * group + g) * d;
+                const act *qin = row + (h * group + g) * d;
                 for (int64_t j = 0; j < d; j++) {
-                    const float rot = bf2f(qin[j < half ? j + half : j - half]);
-                    q[g][j] = round_bf(bf2f(qin[j]) * c[j] + rot * s[j]);
+                    const float rot = ld(qin[j < half ? j + half : j - half]);
+                    q[g][j] = rnd(ld(qin[j]) * c[j] + rot * s[j]);
                 }
             }
             /* scores, COLS cached columns at a time: their sums stay in registers while the
@@ -124,23 +135,23 @@ void cp_rope_attend(const bf16 *qkv, const float *cos_t, const float *sin_t,
                     float a[COLS] = {0.0f};
                     for (int64_t j = 0; j < d; j++) {
                         const float qj = q[g][j];
-                        const bf16 *kj = K + j * cap + u0;
+                        const act *kj = K + j * cap + u0;
                         if (w == COLS) {
 #pragma omp simd
-                            for (int64_t l = 0; l < COLS; l++) a[l] += qj * bf2f(kj[l]);
+                            for (int64_t l = 0; l < COLS; l++) a[l] += qj * ld(kj[l]);
                         } else {
-                            for (int64_t l = 0; l < w; l++) a[l] += qj * bf2f(kj[l]);
+                            for (int64_t l = 0; l < w; l++) a[l] += qj * ld(kj[l]);
                         }
                     }
                     for (int64_t l = 0; l < w; l++) sc[g * cap + u0 + l] = a[l];
                 }
             }
             const float *mask = bias + b * cap;
-            for (int64_t g = 0; g < group; g++) {  /* softmax in float32, weights to bf16 */
+            for (int64_t g = 0; g < group; g++) {  /* softmax in float32, weights to act */
                 float *sg = sc + g * cap, top = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : top)
                 for (int64_t u = 0; u < n; u++) {
-                    sg[u] = fmaf(round_bf(sg[u]), scale, mask[u]);
+                    sg[u] = fmaf(rnd(sg[u]), scale, mask[u]);
                     top = sg[u] > top ? sg[u] : top;
                 }
 #pragma omp simd reduction(+ : sum)
@@ -150,38 +161,38 @@ void cp_rope_attend(const bf16 *qkv, const float *cos_t, const float *sin_t,
                 }
                 const float inv = 1.0f / sum;
 #pragma omp simd
-                for (int64_t u = 0; u < n; u++) sg[u] = round_bf(sg[u] * inv);
+                for (int64_t u = 0; u < n; u++) sg[u] = rnd(sg[u] * inv);
             }
             float acc[group][d];
             for (int64_t g = 0; g < group; g++)
                 for (int64_t j = 0; j < d; j++) acc[g][j] = 0.0f;
             for (int64_t u = 0; u < n; u++) {  /* weights x values, a cached column at a time */
-                const bf16 *vu = V + u * d;
+                const act *vu = V + u * d;
                 for (int64_t g = 0; g < group; g++) {
                     const float p = sc[g * cap + u];
                     if (p == 0.0f) continue;
 #pragma omp simd
-                    for (int64_t j = 0; j < d; j++) acc[g][j] += p * bf2f(vu[j]);
+                    for (int64_t j = 0; j < d; j++) acc[g][j] += p * ld(vu[j]);
                 }
             }
             for (int64_t g = 0; g < group; g++) {
-                bf16 *o = out + b * nh * d + (h * group + g) * d;
-                for (int64_t j = 0; j < d; j++) o[j] = f2bf(acc[g][j]);
+                act *o = out + b * nh * d + (h * group + g) * d;
+                for (int64_t j = 0; j < d; j++) o[j] = st(acc[g][j]);
             }
         }
     }
 }
 
-/* out [B, I] = bf16(bf16(silu(gate)) * up), gu [B, 2 I] bfloat16 (gate columns, then up). */
-void cp_silu_mul(const bf16 *gu, bf16 *out, int64_t rows, int64_t inter) {
+/* out [B, I] = act(act(silu(gate)) * up), gu [B, 2 I] act (gate columns, then up). */
+void cp_silu_mul(const act *gu, act *out, int64_t rows, int64_t inter) {
 #pragma omp parallel for schedule(static) if (rows * inter >= 16384)
     for (int64_t b = 0; b < rows; b++) {
-        const bf16 *gate = gu + b * 2 * inter, *up = gate + inter;
-        bf16 *o = out + b * inter;
+        const act *gate = gu + b * 2 * inter, *up = gate + inter;
+        act *o = out + b * inter;
 #pragma omp simd
         for (int64_t j = 0; j < inter; j++) {
-            const float g = bf2f(gate[j]);
-            o[j] = f2bf(round_bf(g / (1.0f + exp_f(-g))) * bf2f(up[j]));
+            const float g = ld(gate[j]);
+            o[j] = st(rnd(g / (1.0f + exp_f(-g))) * ld(up[j]));
         }
     }
 }

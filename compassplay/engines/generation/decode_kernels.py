@@ -1,11 +1,13 @@
-"""Fused C kernels for the bfloat16 decode steps of `StaticDecoder` on CPU, built on first use.
+"""Fused C kernels for the decode steps of `StaticDecoder` on CPU, built on first use.
 
 `decode_kernels.c` holds three functions (residual add + RMS norm, rotary embedding + KV write
 + attention, SiLU x up) that replace the ~30 small torch ops between a block's four matmuls
-in a decode step. They are compiled once per machine with the system's C compiler
-(`$CC`, else `cc`/`gcc`; about 1 s: no torch headers) for this CPU (`-march=native`), kept in
-`<cache>/decode_kernels/` under a key of the source, compiler and CPU, and loaded with
-`ctypes`. The library links `libgomp.so.1`, which resolves to the OpenMP runtime torch has
+in a decode step. One source gives two libraries: activations and KV cache in bfloat16 (the
+decoder on CPUs with native bfloat16 dot products) or in float32 (`-DCP_FLOAT32`: CPUs
+without, such as AVX2-only laptops). Each is compiled once per machine with the system's C
+compiler (`$CC`, else `cc`/`gcc`; about 1 s: no torch headers) for this CPU
+(`-march=native`), kept in `<cache>/decode_kernels/` under a key of the source, variant,
+compiler and CPU, and loaded with `ctypes`. The library links `libgomp.so.1`, which resolves to the OpenMP runtime torch has
 already loaded, so its parallel loops use torch's threads and thread count.
 
 Where there is no compiler, or the build or its load fails, `load()` returns None with one log
@@ -31,11 +33,15 @@ from compassplay.fileio import default_cache_dir
 
 SOURCE = Path(__file__).with_name("decode_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
+# the storage dtype -> (file tag, extra flags) of its library
+VARIANTS: dict[torch.dtype, tuple[str, tuple[str, ...]]] = {
+    torch.bfloat16: ("bf16", ()), torch.float32: ("f32", ("-DCP_FLOAT32",))}
 BUILD_TIMEOUT_S = 120.0
 KERNEL_CHOICES = ("torch", "c", "auto")
 
 log = logging.getLogger(__name__)
-_loaded: dict[Path, DecodeKernels | None] = {}  # one attempt per process and cache folder
+# one attempt per process, cache folder and dtype
+_loaded: dict[tuple[Path, torch.dtype], DecodeKernels | None] = {}
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -63,33 +69,37 @@ def _cpu_identity() -> str:
     return f"{fields.get('model name', '')} | {fields.get('flags', '')}"
 
 
-def build_key(compiler: str) -> str:
+def build_key(compiler: str, flags: tuple[str, ...] = FLAGS) -> str:
     """A hex digest of what the library depends on: the source, flags, compiler, CPU."""
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                                  timeout=30).stdout.splitlines()[:1]
     except (OSError, subprocess.SubprocessError):
         version = []
-    parts = [SOURCE.read_bytes().hex(), " ".join(FLAGS), compiler, *version, _cpu_identity()]
+    parts = [SOURCE.read_bytes().hex(), " ".join(flags), compiler, *version, _cpu_identity()]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def build(cache_dir: Path | None = None) -> Path:
-    """The compiled library for this source, compiler and CPU: reused from the cache or built
-    now (atomically: concurrent builders each rename a whole file). Raises RuntimeError with
-    the compiler's message when it cannot be built."""
+def build(cache_dir: Path | None = None, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """The compiled library for this source, storage `dtype` (`VARIANTS`), compiler and CPU:
+    reused from the cache or built now (atomically: concurrent builders each rename a whole
+    file). Raises RuntimeError with the compiler's message when it cannot be built."""
     compiler = _compiler()
     if compiler is None:
         raise RuntimeError("no C compiler (set CC, or install cc/gcc)")
+    if dtype not in VARIANTS:
+        raise RuntimeError(f"no decode kernels for {dtype} (only {list(VARIANTS)})")
+    tag, extra = VARIANTS[dtype]
+    flags = FLAGS + extra
     folder = (cache_dir or default_cache_dir()) / "decode_kernels"
-    lib = folder / f"decode_kernels-{build_key(compiler)}.so"
+    lib = folder / f"decode_kernels-{tag}-{build_key(compiler, flags)}.so"
     if lib.exists():
         return lib
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{lib.name}.{os.getpid()}.tmp"
     t0 = time.perf_counter()
     try:
-        done = subprocess.run([compiler, *FLAGS, "-o", str(tmp), str(SOURCE), "-lm"],
+        done = subprocess.run([compiler, *flags, "-o", str(tmp), str(SOURCE), "-lm"],
                               capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"{compiler} took over {BUILD_TIMEOUT_S:.0f} s") from exc
@@ -97,16 +107,17 @@ def build(cache_dir: Path | None = None) -> Path:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"{compiler} failed on {SOURCE.name}: {done.stderr.strip()[-800:]}")
     os.replace(tmp, lib)
-    log.info("generation: compiled the decode kernels in %.1f s (%s)",
+    log.info("generation: compiled the %s decode kernels in %.1f s (%s)", tag,
              time.perf_counter() - t0, lib)
     return lib
 
 
 class DecodeKernels:
-    """The loaded library. Every tensor argument must be contiguous, on CPU, in the dtype
-    named; `FusedStep` checks that once per decode step (`check_layout`)."""
+    """The loaded library for storage `dtype` ("act" below: bfloat16 or float32). Every
+    tensor argument must be contiguous, on CPU, in the dtype named; `FusedStep` checks that
+    once per decode step (`check_layout`)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, dtype: torch.dtype = torch.bfloat16) -> None:
         torch.get_num_threads()  # torch (and its libgomp.so.1) is loaded before the library
         lib = ctypes.CDLL(str(path))
         lib.cp_add_rms.argtypes = [_P, _P, _P, _P, _I, _I, _F]
@@ -116,12 +127,13 @@ class DecodeKernels:
         for fn in (lib.cp_add_rms, lib.cp_rope_attend, lib.cp_silu_mul, lib.cp_exp):
             fn.restype = None
         self.path = path
+        self.dtype = dtype
         self._lib = lib
 
     def add_rms(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
                 out: torch.Tensor, eps: float) -> None:
-        """x [B, H] float32 += delta [B, H] bfloat16 (None: nothing added), then
-        out [B, H] bfloat16 = RMS norm of x times weight [H] float32."""
+        """x [B, H] float32 += delta [B, H] act (None: nothing added), then
+        out [B, H] act = RMS norm of x times weight [H] float32."""
         rows, hidden = x.shape
         self._lib.cp_add_rms(x.data_ptr(), None if delta is None else delta.data_ptr(),
                              weight.data_ptr(), out.data_ptr(), rows, hidden, eps)
@@ -130,10 +142,10 @@ class DecodeKernels:
                     pos: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                     bias: torch.Tensor, scratch: torch.Tensor, out: torch.Tensor,
                     heads: tuple[int, int, int], t: int, scale: float) -> None:
-        """Attention of the new column t. qkv [B, (nh + 2 nkv) d] bfloat16; cos, sin [C, d]
+        """Attention of the new column t. qkv [B, (nh + 2 nkv) d] act; cos, sin [C, d]
         float32 (sin signed); pos [B] int64; keys [B, nkv, d, C], values [B, nkv, C, d]
-        bfloat16 (column t written); bias [B, C] float32; scratch [B nkv (nh / nkv) C]
-        float32; out [B, nh d] bfloat16; heads = (nh, nkv, d)."""
+        act (column t written); bias [B, C] float32; scratch [B nkv (nh / nkv) C]
+        float32; out [B, nh d] act; heads = (nh, nkv, d)."""
         nh, nkv, d = heads
         self._lib.cp_rope_attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  pos.data_ptr(), keys.data_ptr(), values.data_ptr(),
@@ -141,10 +153,9 @@ class DecodeKernels:
                                  qkv.shape[0], nh, nkv, d, values.shape[2], t, scale)
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
-        """out [B, I] = silu(gate) * up, gate_up [B, 2 I] bfloat16 (gate columns first)."""
+        """out [B, I] = silu(gate) * up, gate_up [B, 2 I] act (gate columns first)."""
         rows, inter = out.shape
         self._lib.cp_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
-
 
     def exp(self, x: torch.Tensor) -> torch.Tensor:
         """e^x of a contiguous float32 tensor with the kernels' own exp (softmax, SiLU)."""
@@ -153,16 +164,18 @@ class DecodeKernels:
         return out
 
 
-def load(cache_dir: Path | None = None) -> DecodeKernels | None:
-    """The kernels, built if needed; None (logged once per process) where they cannot be."""
+def load(cache_dir: Path | None = None, dtype: torch.dtype = torch.bfloat16
+         ) -> DecodeKernels | None:
+    """The kernels for storage `dtype`, built if needed; None (logged once per process)
+    where they cannot be."""
     folder = cache_dir or default_cache_dir()
-    if folder in _loaded:
-        return _loaded[folder]
+    if (folder, dtype) in _loaded:
+        return _loaded[(folder, dtype)]
     try:
-        kernels: DecodeKernels | None = DecodeKernels(build(folder))
+        kernels: DecodeKernels | None = DecodeKernels(build(folder, dtype), dtype)
     except (RuntimeError, OSError) as exc:
         log.warning("generation: the fused decode kernels are unavailable (%s); decode steps "
                     "use torch ops", exc)
         kernels = None
-    _loaded[folder] = kernels
+    _loaded[(folder, dtype)] = kernels
     return kernels

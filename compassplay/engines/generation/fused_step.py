@@ -1,4 +1,5 @@
-"""A bfloat16 CPU decode step of `StaticDecoder` on the fused C kernels (`decode_kernels`).
+"""A CPU decode step of `StaticDecoder` on the fused C kernels (`decode_kernels`), for a
+bfloat16 or float32 decoder.
 
 Between a block's four matmuls (the decoder's own packed `_linear`), three C calls replace the
 ~30 torch ops of `StaticDecoder._forward`'s decode path: residual add + RMS norm, rotary
@@ -21,8 +22,9 @@ if TYPE_CHECKING:
 
 def resolve_kernels(decoder: StaticDecoder, choice: str) -> DecodeKernels | None:
     """The kernels a decoder's steps use (None: torch ops). "auto" takes them for a bfloat16
-    decoder on CPU where the library builds; "c" where they cannot apply or build is a
-    ValueError naming the reason; "torch" never takes them."""
+    or float32 decoder on CPU where the library builds; "c" where they cannot apply or build
+    is a ValueError naming the reason; "torch" never takes them. The decoder caches its keys
+    transposed ([d, C]) when it takes them."""
     if choice not in decode_kernels.KERNEL_CHOICES:
         raise ValueError(f"decode_kernels: unknown choice {choice!r} (expected one of "
                          f"{decode_kernels.KERNEL_CHOICES})")
@@ -31,9 +33,9 @@ def resolve_kernels(decoder: StaticDecoder, choice: str) -> DecodeKernels | None
     kern, why = None, None
     if decoder.head.device.type != "cpu":
         why = "the decoder is not on CPU"
-    elif decoder.dtype != torch.bfloat16 or not decoder.keys_transposed:
-        why = f"the decoder runs in {decoder.dtype}, the kernels in bfloat16"
-    elif (kern := decode_kernels.load()) is None:
+    elif decoder.dtype not in decode_kernels.VARIANTS:
+        why = f"the decoder runs in {decoder.dtype}, the kernels in bfloat16 or float32"
+    elif (kern := decode_kernels.load(dtype=decoder.dtype)) is None:
         why = "the library could not be built (logged above)"
     if why is not None and choice == "c":
         raise ValueError(f"decode_kernels=c: {why}")
@@ -53,7 +55,8 @@ class FusedStep:
     def buffers(self, rows: int, capacity: int) -> tuple[torch.Tensor, ...]:
         """The step's work tensors for `rows` rows and cache capacity C, kept while the shape
         holds: normed hidden [B, 1, H], attention output [B, 1, nh d] and MLP activation
-        [B, 1, I] (bfloat16), the attention's scratch [B nkv, (nh / nkv) C] float32."""
+        [B, 1, I] (the decoder's dtype), the attention's scratch [B nkv, (nh / nkv) C]
+        float32."""
         key = (rows, capacity)
         if (bufs := self._bufs.get(key)) is None:
             dec = self.decoder

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from compassplay.engines.dtype_choice import resolve_decode_dtype
+from compassplay.engines.dtype_choice import resolve_decode_dtype, resolve_float32_pack
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams, check_version
 from compassplay.engines.generation.decoder_support import unsupported_reason
 from compassplay.engines.generation.sampling import TokenSampler
@@ -100,9 +100,12 @@ class HFGenerationEngine(GenerationEngine):
     decode_dtype: the static decoder's matmul dtype, "model" (the weights' own, the default),
     "bfloat16", or "auto" (bfloat16 where this CPU runs it faster: `resolve_decode_dtype`);
     `self.decode_dtype` names the one in use.
-    decode_kernels: "auto" (the default: a bfloat16 static decoder on CPU runs its decode
-    steps' non-matmul work in `decode_kernels`, where the library builds), "c" (the same, an
-    error where it cannot) or "torch" (torch ops); `self.decode_kernels` names the one in use.
+    A float32 static decoder on CPU packs its decode matmuls as `resolve_float32_pack`
+    measured fastest on this machine (MKL or oneDNN).
+    decode_kernels: "auto" (the default: a bfloat16 or float32 static decoder on CPU runs its
+    decode steps' non-matmul work in `decode_kernels`, where the library builds), "c" (the
+    same, an error where it cannot) or "torch" (torch ops); `self.decode_kernels` names the
+    one in use.
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, pad_token_id: int | None = None,
@@ -135,8 +138,10 @@ class HFGenerationEngine(GenerationEngine):
                      "module's own forward", why)
         if decoder == "static" and why is None:
             dtype = resolve_decode_dtype(decode_dtype, model)
+            # a float32 decoder packs its matmuls as measured fastest on this machine
+            pack = resolve_float32_pack(model) if dtype is None else "mkl"
             self._decoder: StaticDecoder | ModuleDecoder = StaticDecoder(
-                model, dtype=dtype, kernels=decode_kernels)
+                model, dtype=dtype, kernels=decode_kernels, float32_pack=pack)
         else:
             if decode_dtype != "model":
                 log.info("generation: decode_dtype=%s applies to the static decoder only; "

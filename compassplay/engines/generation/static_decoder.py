@@ -19,8 +19,9 @@ on a CPU with native bfloat16 dot products (AVX512-BF16, AMX) bfloat16 weights h
 a decode step reads and run the matmuls 2-3x faster than float32; on one without, bfloat16 is
 emulated and slower, so "auto" measures (once per machine) before it chooses.
 
-`kernels="c"` runs a bfloat16 decode step's work between its matmuls in fused C kernels
-(`fused_step`); `decoder_support` says which models and matmul packings it serves.
+`kernels="c"` runs a CPU decode step's work between its matmuls in fused C kernels
+(`fused_step`, bfloat16 or float32); `decoder_support` says which models and matmul packings
+it serves.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class StaticDecoder:
     """
 
     def __init__(self, model: torch.nn.Module, dtype: torch.dtype | None = None,
-                 pack: bool = True, kernels: str = "torch") -> None:
+                 pack: bool = True, kernels: str = "torch", float32_pack: str = "mkl"
+                 ) -> None:
         if (why := unsupported_reason(model)) is not None:
             raise ValueError(f"StaticDecoder: {why}")
         cfg = model.config
@@ -67,10 +69,8 @@ class StaticDecoder:
         self.eps = float(cfg.rms_norm_eps)
         self.scale = self.d ** -0.5
         self.blocks: list[_Block] = []
-        self.pack = pack_kind(self.dtype) if pack else None
-        # bfloat16 keys are cached transposed (`_alloc`); float32 keys keep the [C, d] layout,
-        # whose MKL sums the float32 decoder's outputs are pinned to
-        self.keys_transposed = self.dtype == torch.bfloat16
+        # a float32 decoder packs with `float32_pack` (`dtype_choice.resolve_float32_pack`)
+        self.pack = pack_kind(self.dtype, float32_pack) if pack else None
         self._packed: dict[int, dict[int, torch.Tensor]] = {}  # rows -> id(weight) -> pack
         self.share_prefixes = True  # `start` prefills a shared prompt prefix once
         self.prefill_columns = 0  # columns (positions x rows) the last `start` computed
@@ -79,6 +79,9 @@ class StaticDecoder:
         kern = resolve_kernels(self, kernels)
         self._fused = FusedStep(self, kern) if kern is not None else None
         self.kernels = "torch" if self._fused is None else "c"
+        # bfloat16 keys and the kernels' keys are cached transposed (`_alloc`); float32 keys
+        # on torch ops keep the [C, d] layout, whose MKL sums their outputs are pinned to
+        self.keys_transposed = self.dtype == torch.bfloat16 or self._fused is not None
 
     def weights_fingerprint(self) -> tuple[int, ...]:
         """Changes whenever a parameter is replaced or written in place (load_state_dict, an
@@ -122,8 +125,9 @@ class StaticDecoder:
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """x @ w.T + b. A decode step's matmuls (x: [B, 1, K] on CPU) use weights packed once
-        for B rows (`pack_kind`): the same sums as `F.linear` at a fraction of its time at
-        B <= 64, where the unpacked kernel re-packs every call."""
+        for B rows (`pack_kind`): a fraction of `F.linear`'s time at B <= 64, where the
+        unpacked kernel re-packs every call (MKL's: the same sums; oneDNN's float32: another
+        summation order)."""
         rows = x.shape[0]
         if self.pack is None or x.shape[1] != 1 or x.device.type != "cpu":
             return F.linear(x, w, b)

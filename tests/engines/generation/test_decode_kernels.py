@@ -1,6 +1,7 @@
 """The fused C decode kernels against the torch ops they replace (the oracle: the same
-bfloat16 decoder on torch ops, and the float32 module forward), their build and cache, the
-fallback where no compiler builds them, and the OpenMP runtime they share with torch."""
+bfloat16 or float32 decoder on torch ops, and the float32 module forward), their build and
+cache, the fallback where no compiler builds them, and the OpenMP runtime they share with
+torch."""
 
 from __future__ import annotations
 
@@ -87,6 +88,40 @@ def test_fused_steps_follow_the_torch_ops_and_the_float32_forward(arch, heads, k
     assert worst_fused_ref < 3 * worst_ref + 1e-5  # no farther from float32 than torch ops
 
 
+@pytest.mark.parametrize("arch,heads,kv_heads,hidden", SHAPES)
+def test_float32_fused_steps_equal_the_float32_torch_ops_up_to_summation_order(
+        arch, heads, kv_heads, hidden):
+    """The float32 library (CPUs without fast bfloat16): nothing is rounded, so over 40 steps
+    with left padding, repeated prompts and rows dropped by `keep` the logits stay within
+    float32 summation-order noise of the torch-op decoder's (1e-5 of their scale), with the
+    same top-1 at every position, and the cache holds the same keys and values."""
+    model = model_with(arch, heads, kv_heads, hidden, seed=7)
+    rows = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [5, 6, 7, 8, 9, 10, 11], [40, 41, 42, 43]]
+    ids, pad = left_pad(rows)
+    fused, ops = StaticDecoder(model, kernels="c"), StaticDecoder(model)
+    assert (fused.kernels, ops.kernels) == ("c", "torch")
+    assert fused.keys_transposed and not ops.keys_transposed
+    g = torch.Generator().manual_seed(3)
+    worst = 0.0
+    with torch.no_grad():
+        a, b = (d.start(ids, pad, ids.shape[1] + 40) for d in (fused, ops))
+        assert torch.equal(a, b)  # the prefill is the same code
+        for step in range(40):
+            tok = torch.randint(0, 258, (len(a),), generator=g)
+            if step == 20:
+                keep = torch.tensor([3, 0, 2])
+                fused.keep(keep), ops.keep(keep)
+                tok = tok[keep]
+            a, b = fused.step(tok), ops.step(tok)
+            worst = max(worst, float((a - b).abs().max() / b.abs().max()))
+            assert torch.equal(a.argmax(-1), b.argmax(-1))
+    assert worst < 1e-5, worst
+    t = ids.shape[1] + 40
+    keys = fused._k[..., :t].transpose(-1, -2)
+    assert torch.allclose(keys, ops._k[:, :, :, :t], atol=1e-5, rtol=1e-5)
+    assert torch.allclose(fused._v[:, :, :, :t], ops._v[:, :, :, :t], atol=1e-5, rtol=1e-5)
+
+
 def test_a_shared_prefix_and_capacity_changes_keep_the_fused_steps_right():
     """Prompts sharing a prefix (prefilled once), then a second call with another row count
     and capacity (the work buffers are rebuilt): top-1 equal to the torch-op decoder's."""
@@ -119,9 +154,9 @@ def test_a_cache_in_another_layout_is_refused_before_the_kernels_read_it():
 
 
 def test_engine_uses_the_kernels_for_bfloat16_and_keeps_sampling_valid():
-    """The engine's default (`decode_kernels: auto`) takes the kernels for a bfloat16 static
-    decoder on CPU: seeded sampling reproducible, templated output valid; float32 and `torch`
-    keep torch ops."""
+    """The engine's default (`decode_kernels: auto`) takes the kernels for a bfloat16 or
+    float32 static decoder on CPU: seeded sampling reproducible, templated output valid;
+    `torch` keeps torch ops."""
     from tests.engines.generation.test_static_decoder import tiny
 
     class Tok:
@@ -136,7 +171,8 @@ def test_engine_uses_the_kernels_for_bfloat16_and_keeps_sampling_valid():
     model = tiny("qwen2", seed=3)
     engine = HFGenerationEngine(model, Tok(), decode_dtype="bfloat16")
     assert engine.decode_kernels == "c" and engine._decoder._fused is not None
-    assert HFGenerationEngine(model, Tok()).decode_kernels == "torch"  # float32
+    assert HFGenerationEngine(model, Tok()).decode_kernels == "c"  # float32
+    assert HFGenerationEngine(model, Tok(), decode_kernels="torch").decode_kernels == "torch"
     assert HFGenerationEngine(model, Tok(), decode_dtype="bfloat16",
                               decode_kernels="torch").decode_kernels == "torch"
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13, 14, 15, 16]]
@@ -168,11 +204,17 @@ def test_the_library_is_built_once_and_kept_under_its_key(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     first = dk.build(tmp_path)
     stamp = first.stat().st_mtime_ns
-    assert "compiled the decode kernels" in caplog.text
+    assert "compiled the bf16 decode kernels" in caplog.text
     caplog.clear()
     assert dk.build(tmp_path) == first and first.stat().st_mtime_ns == stamp
     assert "compiled" not in caplog.text
     assert [p.name for p in (tmp_path / "decode_kernels").iterdir()] == [first.name]
+    other = dk.build(tmp_path, torch.float32)  # the float32 variant: its own file
+    assert "compiled the f32 decode kernels" in caplog.text
+    assert first.name.startswith("decode_kernels-bf16-")
+    assert other.name.startswith("decode_kernels-f32-")
+    assert sorted(p.name for p in (tmp_path / "decode_kernels").iterdir()) == sorted(
+        [first.name, other.name])
 
 
 def test_another_source_gets_another_key(tmp_path, monkeypatch):
@@ -207,8 +249,8 @@ def test_without_a_compiler_auto_falls_back_and_c_is_an_error(tmp_path, monkeypa
     assert "no C compiler" in caplog.text and caplog.text.count("unavailable") == 1
     with pytest.raises(ValueError, match="decode_kernels=c: the library could not be built"):
         StaticDecoder(model, dtype=torch.bfloat16, kernels="c")
-    with pytest.raises(ValueError, match="decode_kernels=c: the decoder runs in torch.float32"):
-        StaticDecoder(model, kernels="c")
+    with pytest.raises(ValueError, match="decode_kernels=c: the decoder runs in torch.float64"):
+        StaticDecoder(model, dtype=torch.float64, kernels="c")
     with pytest.raises(ValueError, match="unknown choice 'fast'"):
         StaticDecoder(model, kernels="fast")
 

@@ -148,7 +148,7 @@ def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch, t
         dc.resolve_decode_dtype("fp8", model)
     timings = {torch.float32: 2.0, torch.bfloat16: 1.0}
     calls = []
-    monkeypatch.setattr(dc, "decode_matmul_seconds", lambda m: calls.append(1) or dict(timings))
+    monkeypatch.setattr(dc, "decode_matmul_seconds", lambda m, **kw: calls.append(1) or dict(timings))
     assert dc.resolve_decode_dtype("auto", model, tmp_path / "a") is torch.bfloat16
     timings[torch.float32] = 1.2  # under the 1.25x margin
     assert dc.resolve_decode_dtype("auto", model, tmp_path / "b") is None
@@ -162,6 +162,71 @@ def test_decode_dtype_auto_takes_bfloat16_only_where_it_is_faster(monkeypatch, t
     assert t[torch.float32] > 0 and t[torch.bfloat16] > 0
 
 
+def test_a_cpu_where_onednn_has_no_bfloat16_times_and_decodes_bfloat16_unpacked(monkeypatch):
+    """oneDNN packs bfloat16 only on AVX512 (BW/VL/DQ) or AVX-NE-CONVERT CPUs; on an AVX2-only
+    one its reorder raises. There `pack_kind` gives None, the "auto" timing runs bfloat16 on
+    `F.linear` (and so picks float32 there), and a bfloat16 decoder still decodes."""
+    from compassplay.engines import dtype_choice as dc
+    from compassplay.engines.generation import decoder_support as ds
+
+    real = ds.onednn_bf16_supported()
+    assert (ds.pack_kind(torch.bfloat16) == "onednn") == real
+    monkeypatch.setattr(ds, "onednn_bf16_supported", lambda: False)
+    assert ds.pack_kind(torch.bfloat16) is None
+    model = tiny("llama")
+    t = dc.decode_matmul_seconds(model, reps=1)
+    assert t[torch.float32] > 0 and t[torch.bfloat16] > 0
+    dec = StaticDecoder(model, dtype=torch.bfloat16)
+    assert dec.pack is None
+    ids, pad = left_pad([[5, 6, 7], [8, 9]])
+    with torch.no_grad():
+        dec.start(ids, pad, 6)
+        assert torch.isfinite(dec.step(torch.tensor([1, 2]))).all()
+
+
+def test_the_float32_packing_is_measured_kept_and_used_by_the_engine(monkeypatch, tmp_path,
+                                                                    tokenizer):
+    """The kept entry names the faster float32 packing of those this torch has, with each
+    one's time; `resolve_float32_pack` reads it, and an entry from before it (no
+    `float32_pack`) is measured again. The engine's float32 decoder packs that way, and both
+    packings give the module forward's logits."""
+    from compassplay.engines import dtype_choice as dc
+    from compassplay.engines.generation.decoder_support import pack_kind
+
+    model = tiny("llama")
+    have = [k for k in ("mkl", "onednn") if pack_kind(torch.float32, k) == k]
+    fake = {"mkl": 2.0, "onednn": 1.0}
+    monkeypatch.setattr(dc, "float32_pack_seconds",
+                        lambda m: {k: fake[k] for k in have})
+    want = min(have, key=fake.get)
+    assert dc.resolve_float32_pack(model, tmp_path) == want
+    entry = next(iter(json.loads((tmp_path / dc.CACHE_FILE).read_text()).values()))
+    assert entry["float32_pack"] == want and set(entry["float32_pack_ms"]) == set(have)
+    fake.update(mkl=0.5)  # kept: a later timing does not change it
+    assert dc.resolve_float32_pack(model, tmp_path) == want
+    key = dc.machine_key(model)
+    old = {key: {k: v for k, v in entry.items() if not k.startswith("float32_pack")}}
+    (tmp_path / dc.CACHE_FILE).write_text(json.dumps(old))
+    assert dc.resolve_float32_pack(model, tmp_path) == min(have, key=fake.get)  # measured again
+    monkeypatch.setenv("COMPASSPLAY_CACHE", str(tmp_path))
+    engine = HFGenerationEngine(model, tokenizer)
+    assert engine.static_decoder.pack == min(have, key=fake.get)
+    rows = [[5, 6, 7, 8], [9, 10]]
+    ids, pad = left_pad(rows)
+    for kind in have:
+        dec = StaticDecoder(model, float32_pack=kind)
+        assert dec.pack == kind
+        with torch.no_grad():
+            dec.start(ids, pad, ids.shape[1] + 2)
+            tok = torch.tensor([3, 4])
+            got = dec.step(tok)
+        torch.testing.assert_close(got, oracle_logits(model, [r + [t] for r, t in
+                                                              zip(rows, [3, 4], strict=True)]),
+                                   atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="float32 packing 'fast'"):
+        StaticDecoder(model, float32_pack="fast")
+
+
 def test_decode_dtype_auto_is_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
     """The first run's choice is written to the cache and every later one reads it, whatever
     a later timing would say (the choice flipped between runs under load before)."""
@@ -170,7 +235,7 @@ def test_decode_dtype_auto_is_measured_once_per_machine_and_kept(monkeypatch, tm
     model = tiny("llama")
     timings = {torch.float32: 3.0, torch.bfloat16: 1.0}
     calls = []
-    monkeypatch.setattr(dc, "decode_matmul_seconds", lambda m: calls.append(1) or dict(timings))
+    monkeypatch.setattr(dc, "decode_matmul_seconds", lambda m, **kw: calls.append(1) or dict(timings))
     assert dc.resolve_decode_dtype("auto", model, tmp_path) is torch.bfloat16
     timings[torch.bfloat16] = 9.0  # a later timing under load would pick float32
     assert dc.resolve_decode_dtype("auto", model, tmp_path) is torch.bfloat16
@@ -193,7 +258,7 @@ def test_bfloat16_packed_matmuls_and_transposed_keys_change_no_logit(arch):
     from compassplay.engines.generation.static_decoder import pack_kind
 
     if pack_kind(torch.bfloat16) is None:
-        pytest.skip("no oneDNN packing for bfloat16 in this torch build")
+        pytest.skip("no oneDNN packing for bfloat16 on this CPU or torch build")
     model = tiny(arch, seed=5)
     rows = [[5, 6, 7, 8, 9], [12, 13], [40, 41, 42, 43]]
     ids, pad = left_pad(rows)
@@ -218,7 +283,7 @@ import sys, time, torch
 from compassplay.engines import dtype_choice as dc
 from tests.engines.generation.test_static_decoder import tiny
 
-def slow(model):
+def slow(model, **kw):
     print("MEASURED", flush=True)
     time.sleep(1.0)  # long enough for the other processes to arrive while this one measures
     return {torch.float32: 3.0, torch.bfloat16: 1.0}

@@ -243,12 +243,14 @@ def test_mini_batch_size_takes_one_optimizer_step_per_mini_batch(learner_cfg):
 def test_supervised_examples_give_the_sft_update(learner_cfg):
     """Trajectories with a fixed advantage of +1 (solver.train_on=selected, SGS's weighted SFT
     with weight 1), on policy: the update equals autograd of the token-mean negative
-    log-likelihood followed by the same clipped AdamW step."""
+    log-likelihood followed by the same clipped AdamW step (compared as
+    `adam_steps.assert_same_adam_step` says: sign steps tightly, near-zero gradients loosely)."""
     from compassplay.engines.training.torch_learner import make_adamw
 
     model = tiny_causal_lm(seed=4)
     batch = [t.model_copy(update={"advantage": 1.0}) for t in on_policy_batch(model, n=4, seed=2)]
     plain = copy.deepcopy(model)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
     stats = make_learner(learner_cfg, model, total_steps=1).step(batch)
     b = pack([t.generation for t in batch])
     logp = token_logprobs(plain, b["input_ids"], b["attention_mask"], b["targets"])
@@ -257,9 +259,9 @@ def test_supervised_examples_give_the_sft_update(learner_cfg):
     assert stats.grad_norm == pytest.approx(float(norm), rel=1e-5) and norm > 1.0  # clipped
     make_adamw(list(plain.parameters()), learner_cfg.lr).step()
     params = dict(model.named_parameters())
-    for n, q in plain.named_parameters():  # Adam turns float noise in tiny gradients into
-        # ~1e-6 of its 1e-2 step, so the tolerance is 1e-3 of a step
-        torch.testing.assert_close(params[n], q, atol=1e-5, rtol=1e-5, msg=n)
+    counts = [assert_same_adam_step(params[n].detach(), q.detach(), start[n], learner_cfg.lr,
+                                    1e-5, name=n) for n, q in plain.named_parameters()]
+    assert sum(c[0] for c in counts) > 0.99 * sum(c[1] for c in counts)
 
 
 def test_a_step_with_nothing_to_train_on_keeps_the_weights_and_advances_the_version(
