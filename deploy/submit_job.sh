@@ -12,6 +12,9 @@
 #   NO_WAIT=1    return after submission instead of tailing the logs
 #                (then: ray job logs -f JOB_ID / ray job status JOB_ID / ray job stop JOB_ID)
 #   RAY_BIN      the `ray` executable (default: ray on PATH)
+#   AGENT_WAIT_S seconds to keep retrying while the cluster answers "No available agent to
+#                submit job" (default 120): a head that has just started serves the Jobs API
+#                before its job agent registers, and Ray refuses the submission until it does
 #   STOP_WAIT_S  seconds `ray job stop` waits for the run's clean stop before it SIGKILLs the
 #                driver (default 60; Ray's own default is 3 s, too short to drop the in-flight
 #                step and end the actors: RAY_JOB_STOP_WAIT_TIME_S in the job's runtime env)
@@ -54,9 +57,32 @@ if [[ -n "${JOB_ID:-}" ]]; then
   flags+=(--submission-id "$JOB_ID")
 fi
 
-exec "$RAY_BIN" job submit \
-  --address "$RAY_ADDRESS" \
-  --working-dir . \
-  --runtime-env-json "$RUNTIME_ENV" \
-  ${flags[@]+"${flags[@]}"} \
-  -- compassplay run --config "$CONFIG" "$@"
+submit() {
+  "$RAY_BIN" job submit \
+    --address "$RAY_ADDRESS" \
+    --working-dir . \
+    --runtime-env-json "$RUNTIME_ENV" \
+    ${flags[@]+"${flags[@]}"} \
+    -- compassplay run --config "$CONFIG" "$@"
+}
+
+# Retry only Ray's "No available agent" refusal (nothing was submitted then); stderr is both
+# shown and kept to recognise it, stdout (the job's tailed logs) passes straight through.
+errors="$(mktemp)"
+trap 'rm -f "$errors"' EXIT
+agent_wait="${AGENT_WAIT_S:-120}"
+deadline=$(( SECONDS + agent_wait ))
+while true; do
+  rc=0
+  { submit "$@" 2>&1 1>&3 3>&- | tee "$errors" >&2; } 3>&1 || rc=$?
+  if [[ $rc -eq 0 ]] || ! grep -q "No available agent" "$errors"; then
+    exit "$rc"
+  fi
+  if (( SECONDS >= deadline )); then
+    echo "error: the cluster at $RAY_ADDRESS still has no job agent after ${agent_wait} s" \
+         "(AGENT_WAIT_S); is its dashboard agent running? see its dashboard_agent.log" >&2
+    exit "$rc"
+  fi
+  echo "submit_job.sh: the cluster's job agent is not up yet; retrying in 2 s" >&2
+  sleep 2
+done

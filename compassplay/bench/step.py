@@ -16,7 +16,9 @@ gradient's passes run under autocast (`scorer.reference_autocast`), `score_bf16`
 at the bfloat16 rate. The bounds are measured after the run at the torch intra-op threads
 the stages ran with (`threads` in the output). Counted FLOPs: 2 per weight per token for the
 blocks, the attention's score and value products, the vocabulary head where logits are taken;
-a backward costs twice the forward of the blocks it crosses plus the head's input gradient.
+a backward costs twice the forward of the blocks it crosses plus the head's input gradient;
+a learner pass that starts from the generators' states (`learner.frozen_states`) counts the
+blocks it runs only.
 Not counted: norms, rotary, softmax and other element-wise work, the verifiers (stages
 validate and grade run Python programs, no matmuls).
 
@@ -131,29 +133,38 @@ def instrumented(ledger: Ledger, baseline: bool) -> Iterator[None]:
         return out
 
     def logprobs(model, input_ids, attention_mask, targets, positions=None, autocast=None,
-                 share_prefix=False):
+                 share_prefix=False, states=None, from_layer=0):
         n_loss = int(positions.sum()) if positions is not None else targets.numel()
         share_prefix = share_prefix and not baseline
+        if baseline:  # the old path: every layer from the tokens
+            states, from_layer = None, 0
         if model.training and any(p.requires_grad for p in model.parameters()):
             ledger.threads.add(torch.get_num_threads())
             shared = shared_prefix_len(input_ids, attention_mask, positions) \
                 if share_prefix and positions is not None else 0
+            below = from_layer if states is not None else 0  # layers the states skip
             ledger.calls["learn"].append({
-                "rows": int(input_ids.shape[0]), "width": int(input_ids.shape[1]),
-                "shared": shared,
+                "rows": int(input_ids.shape[0]),
+                "width": int(input_ids.shape[1]) - (1 if states is not None else 0),
+                "shared": shared, "below": below,
                 "head_rows": targets.numel() if baseline or positions is None else n_loss,
                 "loss_rows": n_loss, "crossed": _crossed_layers(model, None)})
             ledger.learn_dtypes.add(str(autocast or "model").removeprefix("torch."))
         return orig_lp(model, input_ids, attention_mask, targets,
-                       None if baseline else positions, autocast, share_prefix)
+                       None if baseline else positions, autocast, share_prefix, states,
+                       from_layer)
 
     def losses(model, batch, all_logits=False, inputs_embeds=None):
         out = orig_loss(model, batch, all_logits, inputs_embeds)
-        keep = score_batch._kept_columns(model, batch) if not all_logits else None
-        ledger.threads.add(torch.get_num_threads())
         n, width = batch.ids.shape
+        if not all_logits and score_batch.packs_head(model):  # the loss positions, packed
+            head_rows = int((batch.weights != 0).sum())
+        else:
+            keep = score_batch._kept_columns(model, batch) if not all_logits else None
+            head_rows = int(n * (keep or width))
+        ledger.threads.add(torch.get_num_threads())
         ledger.calls["score"].append({"rows": int(n), "width": int(width),
-                                      "head_rows": int(n * (keep or width)),
+                                      "head_rows": head_rows,
                                       "grad": out.requires_grad, "autocast":
                                       torch.is_autocast_enabled(batch.ids.device.type)})
         return out
@@ -190,9 +201,13 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
         return (shared + rows * own,
                 shared * (shared + 1) / 2 + rows * (own * shared + own * (own + 1) / 2))
 
-    def fwd(rows: int, width: int, head_rows: int, shared: int = 0) -> float:
+    def fwd(rows: int, width: int, head_rows: int, shared: int = 0, below: int = 0) -> float:
+        """Forward FLOPs; `below`: leading layers not run (the learner started from the
+        generators' states, `learner.frozen_states`)."""
         tokens, pairs = work(rows, width, shared)
-        return roofline.transformer_flops(s, tokens, pairs, head_rows)
+        head = 2.0 * s.vocab * s.hidden * head_rows
+        full = roofline.transformer_flops(s, tokens, pairs, head_rows)
+        return head + (full - head) * (s.layers - below) / s.layers
 
     def bwd(rows: int, width: int, head_rows: int, crossed: int, shared: int = 0) -> float:
         tokens, pairs = work(rows, width, shared)
@@ -203,7 +218,8 @@ def stage_bounds(ledger: Ledger, stream_s: float, rate: float, score_crossed: in
     gen = sum(roofline.generation_bounds(s, c["rows"], c["width"], c["steps"], stream_s,
                                          rate, c.get("prefill_columns"))["bound_s"]
               for c in ledger.calls["generate"])
-    learn = sum(fwd(c["rows"], c["width"], c["head_rows"], c.get("shared", 0))
+    learn = sum(fwd(c["rows"], c["width"], c["head_rows"], c.get("shared", 0),
+                    c.get("below", 0))
                 + bwd(c["rows"], c["width"], c["head_rows"], c["crossed"], c.get("shared", 0))
                 for c in ledger.calls["learn"]) / rate
     if head_rate is not None:  # move the head's forward and backward FLOPs to head_rate

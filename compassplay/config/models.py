@@ -216,7 +216,16 @@ class LearnerSection(Section):
         "one task type) go through the model once, their keys and values repeated for the "
         "rows (same loss and gradient as the padded forward; Llama, Qwen2, GPT-2, without "
         "gradient_checkpointing or dropout, num_ranks 1: ZeRO-3 ranks must make the same "
-        "module calls); equal prompts are made adjacent before forming micro-batches")
+        "module calls). Micro-batches (micro_batch rows at most) are planned by prompt "
+        "prefix on every rank count: the rows in lexicographic order of their prompts, cut "
+        "where the positions computed are fewest (shared_prefix.prefix_chunks)")
+    frozen_states: Literal["auto", "recompute"] = Field(
+        "auto", description="auto: where only the top blocks train (trainable: last:K), "
+        "the proposer's and solver's float32 static decoders keep the hidden states entering "
+        "the lowest trained block while they sample, and the learner's forward starts from "
+        "them instead of running the frozen blocks again (checked once against its own "
+        "forward; the torch backend, num_ranks 1, autocast none); recompute: the learner "
+        "runs every block (engines/frozen_states.py)")
     gradient_checkpointing: bool = Field(False, description="recompute each transformer "
                                          "block's activations in the backward pass instead of "
                                          "keeping them (about a third more compute; the "

@@ -47,6 +47,7 @@ REPS = 9  # interleaved timings per dtype; the fastest of each is compared
 CACHE_FILE = "decode_dtype.json"
 
 log = logging.getLogger(__name__)
+_LOGGED: set[tuple[str, str]] = set()  # (cache file, machine key) whose kept choice was logged
 
 
 def _block_shapes(model: torch.nn.Module) -> list[tuple[int, int]]:
@@ -204,8 +205,10 @@ def measured_choice(model: torch.nn.Module, cache_dir: Path | None = None) -> di
             entry = _kept(path, key)
             if entry is None:
                 return _measure_and_keep(model, path, key)
-    log.info("generation: decoding in %s, float32 packed by %s (kept in %s for %s; delete it "
-             "to measure again)", entry["dtype"], entry["float32_pack"], path, key)
+    if (str(path), key) not in _LOGGED:  # once a process: every engine and learner reads it
+        _LOGGED.add((str(path), key))
+        log.info("generation: decoding in %s, float32 packed by %s (kept in %s for %s; delete "
+                 "it to measure again)", entry["dtype"], entry["float32_pack"], path, key)
     return entry
 
 

@@ -10,10 +10,14 @@ One entry point, `load_model(cfg, seed)`. Sources:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -127,10 +131,37 @@ def smollm2_gguf_dir() -> Path:
     return folder
 
 
+@contextlib.contextmanager
+def gguf_read_once() -> Iterator[None]:
+    """Inside, gguf's `GGUFReader` parses a file once and `get_tensor_name_map` builds a map
+    once. transformers' GGUF loading (`modeling_gguf_pytorch_utils.load_gguf_checkpoint`,
+    which imports both from `gguf` at each call) reads the file again for the tokenizer, the
+    config and the weights, and rebuilds the name map for every tensor: for SmolLM2's GGUF
+    (a 49k-token vocabulary parsed field by field) that was 3 readers and 397 maps, most of
+    the conversion's time. The readers are read-only memory maps, shared safely."""
+    import gguf
+
+    orig_reader, orig_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    readers: dict[tuple[str, str], Any] = {}
+
+    def reader(path: str | os.PathLike[str], mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = orig_reader(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.lru_cache(None)(orig_map)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = orig_reader, orig_map
+
+
 def convert_gguf(gguf_dir: Path, gguf_file: str, out_dir: Path) -> None:
     """De-quantize a GGUF checkpoint and save it as a plain safetensors HF dir in `out_dir`."""
-    tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
-    quantized = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    with gguf_read_once():
+        tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+        quantized = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
     config = quantized.config
     if hasattr(config, "quantization_config"):
         delattr(config, "quantization_config")

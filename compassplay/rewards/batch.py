@@ -193,17 +193,28 @@ def plan_solution_batches(cands: list[Solutions], max_tokens: int) -> list[list[
     return groups
 
 
+# architectures whose logits are their output embedding applied to the base model's last
+# hidden state (no scaling or soft-capping): only the positions that count need the head
+HEAD_ON_HIDDEN_TYPES = ("llama", "qwen2", "gpt2")
+
+
 def batch_losses(model: torch.nn.Module, batch: Batch, all_logits: bool = False,
                  inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
     """Per-example mean token cross-entropy, shape (N,), float32, differentiable.
     `inputs_embeds` (N, T, hidden): fed instead of `batch.ids` (`rewards.fixed_set_loss`).
 
-    A model whose forward takes `logits_to_keep` (transformers' causal LMs) computes the
-    vocabulary head only from the first loss-bearing position on: the prompt positions before
-    it carry no loss, so dropping them changes no loss and no gradient, and saves their share
-    of the head's forward, backward and per-sample products (a 49k-152k vocabulary head is
-    15-25% of a small model's work). `all_logits`: every position's logits (the oracle's
-    plain loss)."""
+    Prompt positions, padding and the positions after a row's target carry no loss, so their
+    logits change no loss and no gradient. Where the vocabulary head is frozen in this pass
+    and acts on the base model's hidden states (`packs_head`), only the loss-bearing
+    positions of every row, packed together ([L, hidden], L = the batch's target tokens), go
+    through the head and its log-softmax. Elsewhere a model whose forward takes
+    `logits_to_keep` (transformers' causal LMs) computes the head from the batch's first
+    loss-bearing column on ([N, keep, V]; a trainable head's per-sample products need its
+    rows by example). Either saves most of the head's forward and backward (a 49k-152k
+    vocabulary head is 15-25% of a small model's work; SmolLM2's reference set: 1,879 target
+    tokens in 3,101). `all_logits`: every position's logits (the oracle's plain loss)."""
+    if not all_logits and packs_head(model):
+        return _packed_losses(model, batch, inputs_embeds)
     keep = None if all_logits else _kept_columns(model, batch)
     kwargs = {} if keep is None else {"logits_to_keep": keep}
     if inputs_embeds is None:
@@ -217,6 +228,37 @@ def batch_losses(model: torch.nn.Module, batch: Batch, all_logits: bool = False,
     ce = F.cross_entropy(logits.float().reshape(n * t, v), labels.reshape(n * t),
                          ignore_index=-100, reduction="none").view(n, t)
     return (ce * weights).sum(1)
+
+
+def packs_head(model: torch.nn.Module) -> bool:
+    """Whether `batch_losses` runs `model`'s head on the loss-bearing positions only: a
+    transformers model of `HEAD_ON_HIDDEN_TYPES` whose output embedding takes no gradient now
+    (it is not among the scored parameters: `grads_only_for`, or frozen; or grad is off)."""
+    from transformers import PreTrainedModel  # lazy: the package's light users skip it
+
+    if not isinstance(model, PreTrainedModel) or \
+            getattr(model.config, "model_type", None) not in HEAD_ON_HIDDEN_TYPES:
+        return False
+    head = model.get_output_embeddings()
+    return head is not None and (not torch.is_grad_enabled()
+                                 or not any(p.requires_grad for p in head.parameters()))
+
+
+def _packed_losses(model: torch.nn.Module, batch: Batch,
+                   inputs_embeds: torch.Tensor | None) -> torch.Tensor:
+    """`batch_losses` with the head on the loss-bearing positions only, packed: (N,)."""
+    inputs = {"input_ids": batch.ids} if inputs_embeds is None else \
+        {"inputs_embeds": inputs_embeds}
+    hidden = model.base_model(position_ids=batch.position_ids, use_cache=False,
+                              **inputs).last_hidden_state                     # [N, T, H]
+    used = batch.weights != 0                                                  # [N, T]
+    head = model.get_output_embeddings()
+    rows = hidden[used]                                                        # [L, H]
+    ce = F.cross_entropy(head(rows).float(), batch.labels[used], ignore_index=-100,
+                         reduction="none")                                     # [L]
+    owner = used.nonzero()[:, 0]                                               # [L] row of each
+    out = torch.zeros(batch.size, dtype=ce.dtype, device=ce.device)
+    return out.index_add(0, owner, ce * batch.weights[used])
 
 
 def _kept_columns(model: torch.nn.Module, batch: Batch) -> int | None:

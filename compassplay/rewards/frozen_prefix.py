@@ -61,16 +61,27 @@ def lowest_layer_of(model: nn.Module, params: Iterable[nn.Parameter]) -> int:
 
 
 @contextlib.contextmanager
-def layers_from(model: nn.Module, k: int) -> Iterator[None]:
-    """The model's forward runs only decoder layers k.. (fed `inputs_embeds`)."""
+def layers_from(model: nn.Module, k: int, renumber: bool = False) -> Iterator[None]:
+    """The model's forward runs only decoder layers k.. (fed `inputs_embeds`). renumber: their
+    attention modules take cache slots 0.. (`layer_idx`), so a forward with a KV cache (a
+    shared prefix's, `shared_prefix.hidden_after_prefix`) fills the slots the cache's length
+    and masks are read from; the indices are restored on exit."""
     dec = decoder(model)
     assert dec is not None, "layers_from needs a transformers decoder-only LM"
     full = dec.layers
     dec.layers = nn.ModuleList(list(full)[k:])
+    attn = [getattr(layer, "self_attn", None) for layer in dec.layers] if renumber else []
+    idx = [getattr(a, "layer_idx", None) for a in attn]
+    for j, a in enumerate(attn):
+        if idx[j] is not None:
+            a.layer_idx = j
     try:
         yield
     finally:
         dec.layers = full
+        for a, i in zip(attn, idx, strict=True):
+            if i is not None:
+                a.layer_idx = i
 
 
 class _Reached(Exception):
@@ -80,6 +91,11 @@ class _Reached(Exception):
 def hidden_entering(model: nn.Module, k: int, batch: Batch) -> torch.Tensor:
     """The hidden states (N, T, hidden) entering decoder layer k (the final norm when k is
     the number of layers) for `batch`, without gradient; layers >= k do not run."""
+    return forward_entering(model, k, input_ids=batch.ids, position_ids=batch.position_ids)
+
+
+def forward_entering(model: nn.Module, k: int, **inputs: torch.Tensor) -> torch.Tensor:
+    """`hidden_entering` for any forward inputs (input_ids, attention_mask, position_ids)."""
     dec = decoder(model)
     assert dec is not None and 0 < k <= len(dec.layers)
     target = dec.layers[k] if k < len(dec.layers) else dec.norm
@@ -92,7 +108,7 @@ def hidden_entering(model: nn.Module, k: int, batch: Batch) -> torch.Tensor:
     handle = target.register_forward_pre_hook(capture, with_kwargs=True)
     try:
         with torch.no_grad():
-            model(input_ids=batch.ids, position_ids=batch.position_ids, use_cache=False)
+            model(**inputs, use_cache=False)
     except _Reached:
         pass
     finally:

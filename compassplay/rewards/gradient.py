@@ -289,7 +289,7 @@ class GradientScorer:
         and turns the cache off."""
         if self.prefix.enabled:
             passes = self.prefix.passes(ref, self.pass_tokens, self.device, self.pad_id)
-            if self._prefix_checked or self._prefix_agrees(*passes[0]):
+            if self._prefix_checked or self._prefix_agrees(*min(passes, key=_shortest_row)):
                 self._prefix_checked = True
                 return list(passes), layers_from(self.model, self.prefix.k)
             self.prefix.disable()
@@ -298,6 +298,16 @@ class GradientScorer:
         return plain, contextlib.nullcontext()
 
     def _prefix_agrees(self, batch: Batch, hidden: torch.Tensor, tol: float = 1e-4) -> bool:
+        """Whether the kept states give the plain forward's loss, checked on the pass's
+        shortest row (the caller passes the pass holding the shortest reference item: one
+        plain forward of 244 tokens for SmolLM2's reference on 2 cores, 0.8 s, against 4.6 s
+        for the whole first pass)."""
+        ends = _row_ends(batch)
+        j = min(range(batch.size), key=ends.__getitem__)
+        n = ends[j]
+        batch = Batch(batch.ids[j:j + 1, :n], batch.position_ids[j:j + 1, :n],
+                      batch.labels[j:j + 1, :n], batch.weights[j:j + 1, :n], batch.index[j:j + 1])
+        hidden = hidden[j:j + 1, :n]
         with scoring_mode(self.model), torch.no_grad():
             plain = batch_losses(self.model, batch)
             with layers_from(self.model, self.prefix.k):
@@ -371,3 +381,12 @@ class GradientScorer:
         if out.proj is not None and proj is not None:
             out.proj.index_add_(0, ix, proj.double().cpu())
 
+
+def _row_ends(batch: Batch) -> list[int]:
+    """Each row's length up to its last target token (its last loss-bearing column + 2)."""
+    return [int(w.nonzero().max()) + 2 for w in batch.weights]
+
+
+def _shortest_row(kept: tuple[Batch, torch.Tensor]) -> int:
+    """The shortest row's length in a kept pass (Batch, states)."""
+    return min(_row_ends(kept[0]))

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch
 
-from compassplay.engines.training.learner import PROPOSER_MODEL
+from compassplay.engines.training.model_dirs import PROPOSER_MODEL
 from compassplay.fileio import fsync_path, sha256_file
 from compassplay.rundir.claim import read_run_id
 

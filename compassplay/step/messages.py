@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+import torch
+
 from compassplay.records import Attempt, Candidate, StepStats, Task, Verdict
 from compassplay.step.timing import Timing
 
@@ -33,6 +35,8 @@ class Proposals:
     tasks: list[Task]
     seed_tasks: list[Task]
     timing: Timing
+    # the proposals' hidden states for the learner (`engines.frozen_states`; empty: none)
+    states: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +66,7 @@ class AttemptBatch:
 
     attempts: list[Attempt]
     timing: Timing
+    states: dict[str, torch.Tensor] = field(default_factory=dict)  # as `Proposals.states`
 
 
 @dataclass

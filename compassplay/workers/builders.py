@@ -23,6 +23,7 @@ from compassplay.envs.code import CodeEnvironment, CodeRunner
 from compassplay.envs.interface import Environment
 from compassplay.envs.lean import LeanEnvironment
 from compassplay.rewards.batch import Example
+from compassplay.rewards.frozen_prefix import lowest_layer_of
 from compassplay.rewards.reference_set import load_reference
 from compassplay.rewards.subspace import last_blocks_globs
 from compassplay.step.prompting import reference_examples
@@ -159,9 +160,30 @@ def load_tokenizer(cfg: RunConfig):
                                          local_files_only=cfg.model.source == "local")
 
 
+def frozen_states_layer(cfg: RunConfig, model: torch.nn.Module | None) -> int | None:
+    """The block whose input states a generator keeps for the learner (`learner.
+    frozen_states`): the lowest one `learner.trainable` trains, where that is above block 0
+    and the learner can take them (the torch backend, one rank, no bfloat16 autocast: "auto"
+    is bfloat16 exactly where the decoders are too, and then they keep none); else None."""
+    lc = cfg.learner
+    if model is None or lc.frozen_states != "auto" or lc.backend != "torch" or \
+            lc.num_ranks != 1 or lc.autocast == "bfloat16":
+        return None
+    globs = param_globs(lc.trainable, model)
+    if globs is None:
+        return None
+    chosen = [p for n, p in model.named_parameters()
+              if any(fnmatch.fnmatchcase(n, g) for g in globs)]
+    k = lowest_layer_of(model, chosen)
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    return k if layers is not None and 0 < k < len(layers) else None
+
+
 def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Module | None,
-                   tokenizer, device: torch.device | str = "cpu") -> GenerationEngine:
-    """The role's generation engine: HF on its own copy of `model` on `device`, or vLLM
+                   tokenizer, device: torch.device | str = "cpu",
+                   capture_layer: int | None = None) -> GenerationEngine:
+    """The role's generation engine: HF on its own copy of `model` on `device` (keeping the
+    states entering block `capture_layer`, `frozen_states_layer`), or vLLM
     (GPU), which loads `model.name_or_path` itself (`model` unused, may be None) with the
     dtype, seed, context length, tensor parallelism and sleep mode of the config, and then
     receives weights in place by version."""
@@ -172,7 +194,8 @@ def make_generator(cfg: RunConfig, section: SamplingSection, model: torch.nn.Mod
         raise ValueError("engine 'hf' needs the model")
     return HFGenerationEngine(copy.deepcopy(model).to(device), tokenizer,
                               decode_dtype=section.decode_dtype,
-                              decode_kernels=section.decode_kernels)
+                              decode_kernels=section.decode_kernels,
+                              capture_layer=capture_layer)
 
 
 def make_reference(cfg: RunConfig, tokenizer) -> list[Example]:

@@ -16,6 +16,7 @@ from compassplay.step.timing import timed
 from compassplay.warmup.bootstrap import bootstrap_weights, load_policy
 from compassplay.workers.builders import (
     configure_process,
+    frozen_states_layer,
     load_tokenizer,
     make_env,
     make_generator,
@@ -41,7 +42,8 @@ class _GeneratorWorker(Versioned):
             model, self.tok = None, load_tokenizer(cfg)
         else:
             model, self.tok = load_policy(cfg)  # base model (+ bootstrap)
-        self.engine = make_generator(cfg, section, model, self.tok, role_device(cfg, role))
+        self.engine = make_generator(cfg, section, model, self.tok, role_device(cfg, role),
+                                     capture_layer=frozen_states_layer(cfg, model))
         if self.vllm:
             boot = bootstrap_weights(cfg, self.tok)  # vLLM loaded the base model
             if boot is not None:
@@ -54,6 +56,12 @@ class _GeneratorWorker(Versioned):
 
     def load_weights(self, weights: Weights, version: int) -> None:
         self.engine.load_weights(weights, version)
+
+    def take_states(self) -> dict:
+        """The hidden states kept for the learner during the last stage (`engines.
+        frozen_states`; empty where the engine keeps none)."""
+        take = getattr(self.engine, "take_states", None)
+        return take() if take is not None else {}
 
     def after_generation(self) -> None:
         """Give the GPU back to a colocated learner (vLLM sleep mode)."""
@@ -104,7 +112,7 @@ class ProposerWorker(_GeneratorWorker):
         with timed(self.gpus) as t:
             out = stages.propose(self.env, self.engine, self.tok, self.cfg, call.step)
         self.after_generation()
-        return Proposals(call.step, out.tasks, out.seed_tasks, t)
+        return Proposals(call.step, out.tasks, out.seed_tasks, t, self.take_states())
 
     def update_buffer(self, call: StageCall, slices: list[Validated]) -> int:
         """The buffer update, a stage of its own: this step's valid proposed tasks join
@@ -148,4 +156,4 @@ class SolverWorker(_GeneratorWorker):
             attempts = stages.solve(self.env, self.engine, self.tok, self.cfg, validated.solved,
                                     call.step, {s.task_id for s in validated.seed_tasks})
         self.after_generation()
-        return AttemptBatch(attempts, t)
+        return AttemptBatch(attempts, t, self.take_states())

@@ -229,7 +229,7 @@ class LearnerWorker:
                                          self.cfg.reward.normalize, train, selected,
                                          self._shaped(scores))
         with timed(self.gpus) as learn_timing:
-            lstats = self.learner.step(trajs)
+            lstats = self.learner.step(trajs, {**props.states, **attempts.states})
         lstats.weight_version = self.weight_version
         timings = {"propose": props.timing, "validate": batch.timing, "solve": attempts.timing,
                    "grade": graded.timing, "score": Timing.merge([s.timing for s in shards]),

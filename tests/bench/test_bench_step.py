@@ -127,3 +127,41 @@ def test_autocast_score_passes_are_counted_at_their_own_rate():
 def test_spec_layers():
     assert step.spec_layers("last:6", 30) == 6 and step.spec_layers("last:60", 30) == 30
     assert step.spec_layers("all", 30) == 30 and step.spec_layers(["*.mlp.*"], 4) == 4
+
+
+def test_a_learner_pass_from_the_generators_states_counts_only_the_blocks_it_runs():
+    ledger = step.Ledger()
+    ledger.shape = roofline.ModelShape(layers=30, hidden=576, heads=9, head_dim=64,
+                                       block_params=106_000_000, vocab=49152,
+                                       weight_bytes=538_000_000)
+    call = {"rows": 4, "width": 300, "shared": 0, "head_rows": 80, "crossed": 6}
+    ledger.calls["learn"] = [call]
+    full = step.stage_bounds(ledger, 0.02, 1e11, 6)["learn"]
+    ledger.calls["learn"] = [{**call, "below": 24}]
+    top = step.stage_bounds(ledger, 0.02, 1e11, 6)["learn"]
+    s, tokens = ledger.shape, 4 * 300
+    pairs = 4 * 300 * 301 / 2
+    blocks = 2.0 * s.block_params * tokens + 4.0 * s.layers * s.heads * s.head_dim * pairs
+    assert full - top == pytest.approx(blocks * 24 / 30 / 1e11)
+
+
+def test_the_learner_wrapper_passes_the_states_through(monkeypatch):
+    """`instrumented` records a pass from states at its real width and forwards them."""
+    import torch
+
+    from compassplay.engines.training import learner
+
+    seen = {}
+    monkeypatch.setattr(learner, "token_logprobs_entropy",
+                        lambda *a, **kw: seen.setdefault("args", a) and (None, None))
+    from tests.tiny_models import tiny_causal_lm
+
+    ledger = step.Ledger()
+    model = tiny_causal_lm(num_layers=2).train()
+    ids = torch.zeros((2, 9), dtype=torch.long)
+    states = torch.zeros((2, 8, 64))
+    with step.instrumented(ledger, baseline=False):
+        learner.token_logprobs_entropy(model, ids, torch.ones_like(ids), ids[:, 1:],
+                                       torch.ones((2, 8)), None, False, states, 1)
+    assert seen["args"][-2] is states and seen["args"][-1] == 1
+    assert ledger.calls["learn"][0]["width"] == 8 and ledger.calls["learn"][0]["below"] == 1

@@ -35,14 +35,9 @@ SHAPE = ["proposer.batch_size=2", "solver.n_samples=4", "solver.seed_tasks_per_s
 def _submit(url: str, job_id: str, *overrides: str) -> None:
     env = _env() | {"RAY_ADDRESS": url, "RAY_BIN": ray_cli(), "CONFIG": "cluster_local",
                      "NO_WAIT": "1", "JOB_ID": job_id}
-    deadline = time.monotonic() + 90
-    while True:  # the Jobs API answers before the head's job agent does
-        sub = subprocess.run(["bash", str(REPO / "deploy" / "submit_job.sh"), *SHAPE,
-                              *overrides], env=env, cwd=REPO, capture_output=True, text=True,
-                             timeout=120)
-        if "No available agent" not in sub.stderr or time.monotonic() > deadline:
-            break
-        time.sleep(2)
+    # submit_job.sh retries while the head's job agent is not up yet (AGENT_WAIT_S)
+    sub = subprocess.run(["bash", str(REPO / "deploy" / "submit_job.sh"), *SHAPE, *overrides],
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert sub.returncode == 0, sub.stdout + sub.stderr
 
 

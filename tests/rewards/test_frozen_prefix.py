@@ -99,7 +99,9 @@ def test_states_that_disagree_with_the_plain_forward_turn_the_cache_off(monkeypa
     monkeypatch.setattr(frozen_prefix, "hidden_entering",
                         lambda model, k, batch: real(model, k, batch) + 0.3)
     model, _, scorer = _top_scorer("qwen2")
-    ref, cands = [rand_example(gen, 4, 7)], [rand_example(gen, 2, 5)]
+    # rows of several lengths: the check runs on the shortest alone, trimmed to its length
+    ref = [rand_example(gen, 4, 7), rand_example(gen, 3, 2), rand_example(gen, 6, 5)]
+    cands = [rand_example(gen, 2, 5)]
     with caplog.at_level(logging.WARNING):
         scorer.set_reference(ref)
     assert "the plain forward" in caplog.text

@@ -80,7 +80,7 @@ def test_a_vllm_role_loads_the_bootstrapped_weights_into_its_engine(tmp_path, mo
                "model.source=local", f"model.name_or_path={tmp_path / 'model'}")
     llm = FakeLLM({k: v.clone() for k, v in base.state_dict().items()})
     # no vLLM here: the engine holds the base weights as vLLM would after loading the folder
-    monkeypatch.setattr(generator_workers, "make_generator", lambda cfg, sec, model, tok, dev:
+    monkeypatch.setattr(generator_workers, "make_generator", lambda cfg, sec, model, tok, dev, **kw:
                         VLLMGenerationEngine("unused", tokenizer=tok, llm=llm,
                                              sampling_params_cls=fake_sampling_params,
                                              device="cpu"))

@@ -202,3 +202,54 @@ void cp_exp(const float *x, float *y, int64_t n) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] = exp_f(x[i]);
 }
+
+#ifdef CP_FLOAT32
+enum { SMALL_ROWS = 8 };  /* rows `cp_small_linear` serves: W is read once for all of them */
+
+/* Rows r0.. of y [M, N] = x [M, K] W^T (+ b), R <= 4 or 8 of them (ROWS accumulators; rows
+   past M alias row 0 and are not stored). */
+#define SMALL_LOOP(ROWS)                                                                  \
+    {                                                                                     \
+        const float *xr[8];                                                               \
+        for (int r = 0; r < 8; r++) xr[r] = x + (r < m ? r : 0) * k;                      \
+        const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *x4 = xr[4],      \
+                    *x5 = xr[5], *x6 = xr[6], *x7 = xr[7];                                \
+        (void)x4; (void)x5; (void)x6; (void)x7;                                           \
+        _Pragma("omp parallel for schedule(static)")                                      \
+        for (int64_t j = 0; j < n; j++) {                                                 \
+            const float *wr = w + j * k;                                                  \
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f,       \
+                  a6 = 0.0f, a7 = 0.0f;                                                   \
+            _Pragma("omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6, a7)")             \
+            for (int64_t i = 0; i < k; i++) {                                             \
+                const float wv = wr[i];                                                   \
+                a0 += wv * x0[i];                                                         \
+                a1 += wv * x1[i];                                                         \
+                a2 += wv * x2[i];                                                         \
+                a3 += wv * x3[i];                                                         \
+                if (ROWS > 4) {                                                           \
+                    a4 += wv * x4[i];                                                     \
+                    a5 += wv * x5[i];                                                     \
+                    a6 += wv * x6[i];                                                     \
+                    a7 += wv * x7[i];                                                     \
+                }                                                                         \
+            }                                                                             \
+            const float acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};                        \
+            const float bj = b ? b[j] : 0.0f;                                             \
+            for (int64_t r = 0; r < m; r++) y[r * n + j] = acc[r] + bj;                   \
+        }                                                                                 \
+    }
+
+/* y [M, N] = x [M, K] W^T (+ b [N] when not NULL), W [N, K] float32, 1 <= M <= SMALL_ROWS.
+   A decode step of a few rows is a weight stream: each thread reads its share of W's rows
+   once and keeps M dot products per row (4 accumulators up to 4 rows, 8 above), where a
+   blocked GEMM packs and re-reads. Sums in another order than oneDNN's or MKL's (float32,
+   no rounding). */
+void cp_small_linear(const float *x, const float *w, const float *b, float *y, int64_t m,
+                     int64_t n, int64_t k) {
+    if (m <= 4)
+        SMALL_LOOP(4)
+    else
+        SMALL_LOOP(8)
+}
+#endif

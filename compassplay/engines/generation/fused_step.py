@@ -77,7 +77,9 @@ class FusedStep:
         bias = dec._bias.view(bsz, -1)
         heads, delta = (dec.nh, dec.nkv, dec.d), None
         for i, b in enumerate(dec.blocks):
-            kern.add_rms(x, delta, b.ln1, h2, dec.eps)
+            kern.add_rms(x, delta, b.ln1, h2, dec.eps)  # x: the stream entering block i
+            if i == dec.capture_layer and dec._states is not None:
+                dec._states[:, t] = x
             qkv = dec._linear(h, b.wqkv, b.bqkv)
             if i == 0:  # the kernels read raw memory: every layout they assume, once a step
                 self.check_layout(qkv, bias)
@@ -93,6 +95,9 @@ class FusedStep:
         """What the kernels read as plain arrays: contiguous, on CPU, in their dtypes
         (ValueError naming the tensor otherwise, where the C code would read wrong memory)."""
         dec = self.decoder
+        if self.kern.dtype != dec.dtype:  # a library reads its own storage type only
+            raise ValueError(f"decode_kernels: the {self.kern.dtype} library cannot run a "
+                             f"{dec.dtype} decoder")
         want = {"keys": (dec._k, dec.dtype), "values": (dec._v, dec.dtype),
                 "qkv": (qkv, dec.dtype), "key mask": (bias, torch.float32),
                 "cos": (dec._cos, torch.float32), "sin": (dec._sin, torch.float32),

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from compassplay.engines.dtype_choice import resolve_decode_dtype, resolve_float32_pack
+from compassplay.engines.frozen_states import states_key, states_positions
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams, check_version
 from compassplay.engines.generation.decoder_support import unsupported_reason
 from compassplay.engines.generation.sampling import TokenSampler
@@ -106,12 +107,16 @@ class HFGenerationEngine(GenerationEngine):
     decode steps' non-matmul work in `decode_kernels`, where the library builds), "c" (the
     same, an error where it cannot) or "torch" (torch ops); `self.decode_kernels` names the
     one in use.
+    capture_layer: keep the hidden states entering this block for every sampled sequence
+    (`engines.frozen_states`), where the static decoder runs in float32 (None: keep none);
+    `take_states()` hands them out. `self.capture_layer` is the one in force (None where the
+    decoder cannot).
     """
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, pad_token_id: int | None = None,
                  eos_token_id: int | list[int] | None = None, weight_version: int = 0,
                  decoder: str = "auto", decode_dtype: str = "model",
-                 decode_kernels: str = "auto") -> None:
+                 decode_kernels: str = "auto", capture_layer: int | None = None) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder: unknown decoder {decoder!r} (expected one of "
                              f"{DECODERS})")
@@ -156,6 +161,28 @@ class HFGenerationEngine(GenerationEngine):
         self.decode_dtype = str(self._decoder.dtype).removeprefix("torch.") \
             if isinstance(self._decoder, StaticDecoder) else \
             str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.capture_layer = self._capture(capture_layer)
+        self._captured: dict[str, torch.Tensor] = {}
+
+    def _capture(self, k: int | None) -> int | None:
+        """The block whose input states this engine keeps: `k` where the static decoder
+        computes them in float32 (the learner's own precision), else None (logged)."""
+        if k is None:
+            return None
+        dec = self.static_decoder
+        if dec is None or dec.dtype != torch.float32:
+            log.info("generation: no frozen states for the learner (the %s decoder runs in "
+                     "%s, they are kept from a float32 static decoder)", self.decoder,
+                     self.decode_dtype)
+            return None
+        dec.set_capture_layer(k)
+        return k
+
+    def take_states(self) -> dict[str, torch.Tensor]:
+        """The states kept since the last call, by `frozen_states.states_key` of each
+        sampled sequence ([prompt + completion - 1, H] float32); empty when none are kept."""
+        out, self._captured = self._captured, {}
+        return out
 
     @property
     def static_decoder(self) -> StaticDecoder | None:
@@ -289,13 +316,30 @@ class HFGenerationEngine(GenerationEngine):
                 break
             if self._should_compact(act, done, comp, caps):
                 keep = [j for j, i in enumerate(act) if not done[i]]
+                self._keep_states(prompts, comp, act, width, [j for j, i in enumerate(act)
+                                                              if done[i]])
                 dec.keep(torch.tensor(keep, dtype=torch.long, device=dev))
                 act, tok_l = [act[j] for j in keep], [tok_l[j] for j in keep]
             nxt = torch.tensor([self.pad_token_id if done[i] else t for i, t in zip(act, tok_l,
                                                                                   strict=True)],
                                dtype=torch.long, device=dev)
             logits = dec.step(nxt)
+        self._keep_states(prompts, comp, act, width, range(len(act)))
         return list(zip(comp, lps, strict=True)), reasons
+
+    def _keep_states(self, prompts: list[list[int]], comp: list[list[int]], act: list[int],
+                     width: int, rows) -> None:
+        """Take decoder rows `rows` (prompt indices `act[j]`) out of the capture buffer: a
+        prompt sits at columns width - P .. width - 1 and completion token j at width + j, so
+        a sequence's states are columns width - P .. width + C - 2."""
+        if self.capture_layer is None:
+            return
+        dec = self._decoder
+        for j in rows:  # on the CPU, as the object store carries them to the learner
+            i = act[j]
+            first = width - len(prompts[i])
+            self._captured[states_key(prompts[i], comp[i])] = dec.captured(
+                j, first, first + states_positions(prompts[i], comp[i])).cpu()
 
     def _pick(self, logits: torch.Tensor, sampler: TokenSampler,
               cursors: list[TemplateCursor] | None, act: list[int], params: SamplingParams,

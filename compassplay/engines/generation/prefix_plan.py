@@ -16,6 +16,7 @@ column c0 (it then pays no left padding before c0).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_SHARED = 32     # tokens: a shorter common prefix is not worth a group
@@ -42,7 +43,7 @@ class PrefixPlan:
     cost: int
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """The length of the longest common leading run of a and b."""
     n = 0
     for x, y in zip(a, b, strict=False):
@@ -50,6 +51,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def sorted_with_lcp(prompts: Sequence[Sequence[int]]) -> tuple[list[int], list[int]]:
+    """(order, lcp): the row indices in the lexicographic order of `prompts` (rows with a
+    common prefix are adjacent) and lcp[k], the common prefix of rows order[k], order[k+1]."""
+    order = sorted(range(len(prompts)), key=lambda i: tuple(prompts[i]))
+    return order, [common_prefix(prompts[a], prompts[b])
+                   for a, b in zip(order, order[1:], strict=False)]
 
 
 def _groups(order: list[int], lcp: list[int], tau: int, lengths: list[int]
@@ -96,9 +105,7 @@ def plan_prefix(prompts: list[list[int]], width: int, min_shared: int = MIN_SHAR
         return None
     lengths = [len(p) for p in prompts]
     pads = [width - m for m in lengths]
-    order = sorted(range(n), key=lambda i: prompts[i])
-    lcp = [common_prefix(prompts[a], prompts[b]) for a, b in zip(order, order[1:],
-                                                                      strict=False)]
+    order, lcp = sorted_with_lcp(prompts)
     best: PrefixPlan | None = None
     for tau in sorted({x for x in lcp if x >= min_shared}):
         plan = _plan(_groups(order, lcp, tau, lengths), pads, width, pass_columns)

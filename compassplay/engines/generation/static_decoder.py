@@ -22,31 +22,22 @@ emulated and slower, so "auto" measures (once per machine) before it chooses.
 `kernels="c"` runs a CPU decode step's work between its matmuls in fused C kernels
 (`fused_step`, bfloat16 or float32); `decoder_support` says which models and matmul packings
 it serves.
+
+`capture_layer = k` (0 < k < the number of blocks) keeps the residual stream entering block k
+at every cache column a prefill or step computes, [B, C, H] float32, which `captured` hands
+out per row: the learner that trains only blocks k.. starts its forward from them instead of
+running the frozen blocks again (`engines.frozen_states`).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from compassplay.engines.generation.decoder_support import pack_kind, unsupported_reason
+from compassplay.engines.generation.decoder_weights import Block, fused_weights
 from compassplay.engines.generation.fused_step import FusedStep, resolve_kernels
 from compassplay.engines.generation.prefix_plan import PrefixPlan, plan_prefix
-
-
-@dataclass
-class _Block:
-    """One transformer block's weights in the decoder's dtype (detached views or copies)."""
-
-    ln1: torch.Tensor   # [H] float32
-    wqkv: torch.Tensor  # [(nh + 2 nkv) d, H]
-    bqkv: torch.Tensor | None  # [(nh + 2 nkv) d] (Qwen2) or None
-    wo: torch.Tensor    # [H, nh d]
-    ln2: torch.Tensor   # [H] float32
-    wgu: torch.Tensor   # [2 I, H]: gate rows then up rows
-    wd: torch.Tensor    # [H, I]
 
 
 class StaticDecoder:
@@ -68,7 +59,7 @@ class StaticDecoder:
         self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.nh
         self.eps = float(cfg.rms_norm_eps)
         self.scale = self.d ** -0.5
-        self.blocks: list[_Block] = []
+        self.blocks: list[Block] = []
         # a float32 decoder packs with `float32_pack` (`dtype_choice.resolve_float32_pack`)
         self.pack = pack_kind(self.dtype, float32_pack) if pack else None
         self._packed: dict[int, dict[int, torch.Tensor]] = {}  # rows -> id(weight) -> pack
@@ -79,9 +70,29 @@ class StaticDecoder:
         kern = resolve_kernels(self, kernels)
         self._fused = FusedStep(self, kern) if kern is not None else None
         self.kernels = "torch" if self._fused is None else "c"
+        # a float32 decode step of a few rows: its matmuls as one pass over the weights
+        self._small = kern if kern is not None and kern.small_rows else None
         # bfloat16 keys and the kernels' keys are cached transposed (`_alloc`); float32 keys
         # on torch ops keep the [C, d] layout, whose MKL sums their outputs are pinned to
         self.keys_transposed = self.dtype == torch.bfloat16 or self._fused is not None
+        self.capture_layer: int | None = None  # keep the states entering this block
+        self._states: torch.Tensor | None = None  # [rows, C, H] float32 while capturing
+
+    def set_capture_layer(self, k: int | None) -> None:
+        """Keep the hidden states entering block k from the next `start` on (None: none).
+        k must be a block index above 0 (block 0's input is the embedding itself)."""
+        if k is not None and not 0 < k < len(self.blocks):
+            raise ValueError(f"capture_layer {k}: expected 1..{len(self.blocks) - 1}")
+        self.capture_layer, self._states = k, None
+
+    def captured(self, row: int, start: int, end: int) -> torch.Tensor:
+        """A copy of the kept states of decoder row `row` at cache columns start..end-1,
+        [end - start, H] float32 (`capture_layer` must be set)."""
+        if self._states is None:
+            raise RuntimeError("captured: no states kept (set_capture_layer before start)")
+        if not 0 <= start <= end <= self._t:
+            raise ValueError(f"captured: columns {start}..{end} outside 0..{self._t}")
+        return self._states[row, start:end].clone()
 
     def weights_fingerprint(self) -> tuple[int, ...]:
         """Changes whenever a parameter is replaced or written in place (load_state_dict, an
@@ -97,29 +108,8 @@ class StaticDecoder:
 
     def refresh(self) -> None:
         """(Re)build the fused weights from the model's current parameters."""
-        inner, dt = self.model.model, self.dtype
         self._fingerprint = self.weights_fingerprint()
-
-        def w(t: torch.Tensor) -> torch.Tensor:
-            return t.detach().to(dt)
-
-        blocks = []
-        for layer in inner.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            bias = at.q_proj.bias
-            blocks.append(_Block(
-                ln1=layer.input_layernorm.weight.detach().float(),
-                wqkv=w(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])),
-                bqkv=None if bias is None else w(torch.cat([bias, at.k_proj.bias,
-                                                            at.v_proj.bias])),
-                wo=w(at.o_proj.weight),
-                ln2=layer.post_attention_layernorm.weight.detach().float(),
-                wgu=w(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])),
-                wd=w(mlp.down_proj.weight)))
-        self.blocks = blocks
-        self.embed = inner.embed_tokens.weight.detach()  # looked up, never multiplied
-        self.norm = inner.norm.weight.detach().float()
-        self.head = w(self.model.get_output_embeddings().weight)
+        self.blocks, self.embed, self.norm, self.head = fused_weights(self.model, self.dtype)
         self._packed = {}
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
@@ -127,10 +117,13 @@ class StaticDecoder:
         """x @ w.T + b. A decode step's matmuls (x: [B, 1, K] on CPU) use weights packed once
         for B rows (`pack_kind`): a fraction of `F.linear`'s time at B <= 64, where the
         unpacked kernel re-packs every call (MKL's: the same sums; oneDNN's float32: another
-        summation order)."""
+        summation order). With the float32 kernels, a step of at most `small_rows` rows
+        streams the plain weights once instead (`DecodeKernels.small_linear`)."""
         rows = x.shape[0]
         if self.pack is None or x.shape[1] != 1 or x.device.type != "cpu":
             return F.linear(x, w, b)
+        if self._small is not None and rows <= self._small.small_rows:
+            return self._small.small_linear(x.contiguous(), w, b)
         rows = self._pack_rows(rows)
         packs = self._packed[rows]
         if self.pack == "mkl":
@@ -213,6 +206,8 @@ class StaticDecoder:
         if inverse is not None:
             self._k, self._v = self._k[:, inverse], self._v[:, inverse]
             self._bias, logits = self._bias[inverse], logits[inverse]
+            if self._states is not None:
+                self._states = self._states[inverse]
         self._pad = pad
         self._t = width
         return logits
@@ -255,13 +250,18 @@ class StaticDecoder:
         n keys/values to each target (row, first column, n) of the cache."""
         n_tok = len(tokens)
         kv = self._cache_tensors(1, n_tok, tokens.device)
+        states = None if self._states is None else \
+            torch.empty((1, n_tok, self._states.shape[2]), device=tokens.device)
         causal = torch.ones((n_tok, n_tok), dtype=torch.bool, device=tokens.device).tril()
         pos = torch.arange(n_tok, device=tokens.device)[None]
-        self._forward(self.embed[tokens][None].float(), pos, causal[None, None], 0, kv=kv)
+        self._forward(self.embed[tokens][None].float(), pos, causal[None, None], 0, kv=kv,
+                      states=states)
         for row, first, n in targets:
             self._key_cols(self._k, row, first, first + n).copy_(
                 self._key_cols(kv[0], 0, 0, n))
             self._v[:, row, :, first:first + n] = kv[1][:, 0, :, :n]
+            if states is not None:
+                self._states[row, first:first + n] = states[0, :n]
 
     def _key_cols(self, k: torch.Tensor, row: int, start: int, end: int) -> torch.Tensor:
         """A view of cached keys k (`_cache_tensors` layout) of one row at columns
@@ -287,6 +287,8 @@ class StaticDecoder:
         which the batched matmul copies at half the cost of a transposed [t, d] slice (the
         same sums, bit for bit)."""
         self._k, self._v = self._cache_tensors(rows, capacity, dev)
+        self._states = None if self.capture_layer is None else torch.empty(
+            (rows, capacity, self.embed.shape[1]), device=dev)
         cols = torch.arange(capacity, device=dev)
         valid = cols[None, :] >= pad[:, None]
         self._bias = torch.zeros((rows, 1, 1, capacity), device=dev
@@ -324,6 +326,8 @@ class StaticDecoder:
             self._v[:, j, :, :t] = v[:, r, :, :t]
         self._bias = self._bias.index_select(0, rows)
         self._pad = self._pad.index_select(0, rows)
+        if self._states is not None:
+            self._states = self._states.index_select(0, rows)
 
     def _keys(self, kc: torch.Tensor, start: int, end: int) -> torch.Tensor:
         """A view of one block's cached keys kc at columns start..end-1 as K^T
@@ -332,14 +336,15 @@ class StaticDecoder:
             kc[:, :, start:end].transpose(-1, -2)
 
     def _forward(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-                 t0: int, kv: tuple[torch.Tensor, torch.Tensor] | None = None
-                 ) -> torch.Tensor:
+                 t0: int, kv: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 states: torch.Tensor | None = None) -> torch.Tensor:
         """x: [B, S, H] float32 at cache columns t0..t0+S-1, pos: [B, S] positions,
         mask: [B, 1, S, t0+S] bool (True = attend) for a prefill (from t0 > 0 the queries
         attend to the cached columns 0..t0+S-1), an additive [B, 1, 1, t0+1] (0 or -inf) for
         a decode step. kv: the cache (keys, values) written and read (None: the
-        decoder's). x is updated in place (the callers pass fresh embedding rows). Returns
-        logits of the last column."""
+        decoder's). states: where block `capture_layer`'s input goes at columns t0.. (None:
+        the decoder's own `_states` when kv is None). x is updated in place (the callers pass
+        fresh embedding rows). Returns logits of the last column."""
         bsz, seq, _ = x.shape
         nh, nkv, d = self.nh, self.nkv, self.d
         cos, sin = self._cos[pos][:, None], self._sin[pos][:, None]  # [B, 1, S, d]
@@ -347,9 +352,13 @@ class StaticDecoder:
         group = nh // nkv
         nqk = nh + nkv
         keys, values = kv if kv is not None else (self._k, self._v)
+        if states is None and kv is None:
+            states = self._states
         if seq == 1 and mask.dtype == torch.bool:  # a one-column prefill: the additive form
             mask = torch.zeros(mask.shape, device=x.device).masked_fill_(~mask, float("-inf"))
         for i, b in enumerate(self.blocks):
+            if i == self.capture_layer and states is not None:
+                states[:, t0:end] = x
             h = self._rms(x, b.ln1)
             qkv = self._linear(h, b.wqkv, b.bqkv).view(bsz, seq, nqk + nkv, d).transpose(1, 2)
             qk = self._rope(qkv[:, :nqk].float(), cos, sin)  # [B, nh+nkv, S, d]

@@ -38,16 +38,19 @@ from pathlib import Path
 import torch
 
 from compassplay.engines.dtype_choice import resolve_autocast
+from compassplay.engines.frozen_states import FrozenStates, states_key
 from compassplay.engines.training.advantages import broadcast_to_tokens, trajectory_advantages
 from compassplay.engines.training.dist import sum_over_ranks
+from compassplay.engines.training.frozen_start import FrozenStart
 from compassplay.engines.training.logprobs import (
     pack,
     token_logprobs,
     token_logprobs_entropy,
     unwrapped,
 )
+from compassplay.engines.training.model_dirs import model_dirs
 from compassplay.engines.training.policy_loss import ppo_loss
-from compassplay.engines.training.shared_prefix import grouped_by
+from compassplay.engines.training.shared_prefix import prefix_chunks
 from compassplay.records import Role, Trajectory
 
 log = logging.getLogger(__name__)
@@ -155,7 +158,10 @@ class Learner(ABC):
     """What the pipeline calls."""
 
     @abstractmethod
-    def step(self, trajectories: list[Trajectory]) -> LearnerStats: ...
+    def step(self, trajectories: list[Trajectory], states: FrozenStates | None = None
+             ) -> LearnerStats:
+        """One update. states: the generators' hidden states of the sequences
+        (`engines.frozen_states`), which a learner may start its forward from."""
 
     @abstractmethod
     def state_dict_for_sync(self, role: Role = "solver") -> dict[str, torch.Tensor]:
@@ -205,6 +211,12 @@ class PolicyLearner(Learner):
             log.info("learner: forward passes under torch.autocast(%s) (learner.autocast=%s); "
                      "the vocabulary head and log-softmax stay float32",
                      str(self.autocast).removeprefix("torch."), cfg.autocast)
+        # learner.frozen_states: forwards from the generators' states (one rank, the torch
+        # backend, float32 forwards: the states are float32 sums of the same weights)
+        use = getattr(cfg, "frozen_states", "recompute") == "auto" and backend == "torch" \
+            and self.world_size == 1 and self.autocast is None
+        self.frozen = {name: FrozenStart(unwrapped(slot.module)) if use else None
+                       for name, slot in slots.items()}
 
     @property
     def weight_version(self) -> int:
@@ -222,10 +234,12 @@ class PolicyLearner(Learner):
     def preconditioner(self, names: list[str], role: Role = "solver") -> dict[str, torch.Tensor]:
         return self.slots[self.slot_for(role)].preconditioner(names)
 
-    def step(self, trajectories: list[Trajectory]) -> LearnerStats:
+    def step(self, trajectories: list[Trajectory], states: FrozenStates | None = None
+             ) -> LearnerStats:
         """One update on `trajectories`. None (a step where solver.train_on=selected chose no
         proof and there were no proposals): the weights stay, and their version still advances
-        so that every step has one."""
+        so that every step has one. states: see `Learner.step` (`FrozenStart` takes a
+        micro-batch's from them when every row has its own)."""
         if not trajectories:
             self._version += 1
             first = next(iter(self.slots.values()))
@@ -240,7 +254,7 @@ class PolicyLearner(Learner):
                 by_slot.setdefault(self.slot_for(trajectories[i].role), []).append(i)
             sq = 0.0
             for name in sorted(by_slot):
-                got = self._train_slot(self.slots[name], by_slot[name], trajectories, adv)
+                got = self._train_slot(name, by_slot[name], trajectories, adv, states or {})
                 sq += got["grad_norm"] ** 2
                 stats[name] = _add_stats(stats.get(name), got)
             norms.append(math.sqrt(sq))
@@ -258,8 +272,9 @@ class PolicyLearner(Learner):
             / max(sum(s["entropy_tokens"] for s in stats.values()), 1.0),
             response_length_mean=n_tok / len(trajectories))
 
-    def _train_slot(self, slot: Slot, idx: list[int], trajs: list[Trajectory],
-                    adv: list[float]) -> dict[str, float]:
+    def _train_slot(self, name: str, idx: list[int], trajs: list[Trajectory],
+                    adv: list[float], states: FrozenStates) -> dict[str, float]:
+        slot, frozen = self.slots[name], self.frozen[name]
         total = float(sum(len(trajs[i].generation.completion_ids) for i in idx))
         dev = next(slot.module.parameters()).device
         slot.module.train()
@@ -268,19 +283,26 @@ class PolicyLearner(Learner):
             # of the passes (same update; the normalizer still counts their tokens). One is kept
             # if all are zero so the optimizer steps on zero gradients exactly as before.
             idx = [i for i in idx if adv[i] != 0.0] or idx[:1]
-        if self.share_prefix:  # equal prompts in one micro-batch
-            idx = grouped_by(idx, lambda i: tuple(trajs[i].generation.prompt_ids))
         loss_sum = clipped = kl_sum = ent_sum = ent_tok = 0.0
-        chunks = [idx[k:k + self.cfg.micro_batch] for k in range(0, len(idx), self.cfg.micro_batch)]
+        # rows with a common prompt prefix in one micro-batch; planned the same way whether
+        # or not this learner shares prefixes, so one rank and several see the same batches
+        gens = [trajs[i].generation for i in idx]
+        chunks = [[idx[k] for k in chunk] for chunk in prefix_chunks(
+            [g.prompt_ids for g in gens],
+            [len(g.prompt_ids) + len(g.completion_ids) for g in gens], self.cfg.micro_batch)]
         mine = [(chunk, 1.0) for chunk in chunks[self.rank::self.world_size]]
         passes = -(-len(chunks) // self.world_size)
         mine += [(chunks[0], 0.0)] * (passes - len(mine))  # weight 0: collective passes only
         for c, (chunk, weight) in enumerate(mine):
-            b = pack([trajs[i].generation for i in chunk], device=dev)
+            gens = [trajs[i].generation for i in chunk]
+            b = pack(gens, device=dev)
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
+            start = None if frozen is None else frozen.states_for(
+                [states.get(states_key(g.prompt_ids, g.completion_ids)) for g in gens], b)
             logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],
                                                b["targets"], b["mask"], autocast=self.autocast,
-                                               share_prefix=self.share_prefix)
+                                               share_prefix=self.share_prefix, states=start,
+                                               from_layer=frozen.k if frozen else 0)
             ref = None
             if self.ref_model is not None:
                 with torch.no_grad():
@@ -374,19 +396,3 @@ def _add_stats(acc: dict[str, float] | None, new: dict[str, float]) -> dict[str,
     out["loss"] = (acc["loss"] * acc["n_tokens"] + new["loss"] * new["n_tokens"]) / max(tok, 1.0)
     out["lr"], out["grad_norm"] = acc["lr"], new["grad_norm"]
     return out
-
-
-PROPOSER_MODEL = "proposer_model"
-
-
-def model_dirs(path: str | Path, model_dir: str | Path | None) -> dict[str, Path]:
-    """Where `PolicyLearner.save(path, model_dir)` puts each model's HF folder, by slot name:
-    the policy (or solver) in `model_dir`, a separate proposer in `model_dir`'s sibling
-    `proposer_model/`; with no `model_dir`, in `path` and `path/proposer` (the optimizer's
-    folders)."""
-    path = Path(path)
-    if model_dir is None:
-        return {"policy": path, "solver": path, "proposer": path / "proposer"}
-    model_dir = Path(model_dir)
-    return {"policy": model_dir, "solver": model_dir,
-            "proposer": model_dir.parent / PROPOSER_MODEL}

@@ -12,11 +12,10 @@ from compassplay.engines.training.shared_prefix import (
     supports_shared_prefix,
 )
 from compassplay.records import Generation
+from compassplay.rewards.batch import HEAD_ON_HIDDEN_TYPES
+from compassplay.rewards.frozen_prefix import layers_from
 
 ENTROPY_ROWS = 1024  # positions per chunk of the entropy computation
-# architectures whose logits are their output embedding applied to the base model's last
-# hidden state (no scaling or soft-capping): only the positions that count need the head
-HEAD_ON_HIDDEN_TYPES = ("llama", "qwen2", "gpt2")
 
 
 def pack(gens: Sequence[Generation], pad_token_id: int = 0, device: torch.device | None = None
@@ -81,7 +80,8 @@ def head_on_hidden(model: torch.nn.Module) -> bool:
 def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
                            attention_mask: torch.Tensor, targets: torch.Tensor,
                            positions: torch.Tensor | None = None,
-                           autocast: torch.dtype | None = None, share_prefix: bool = False
+                           autocast: torch.dtype | None = None, share_prefix: bool = False,
+                           states: torch.Tensor | None = None, from_layer: int = 0
                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`token_logprobs`, the policy's entropy at each position), both float32 [B, L-1] in
     nats at temperature 1; the entropy is detached (a logged statistic, no gradient).
@@ -99,7 +99,17 @@ def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
 
     share_prefix: on the same path, leading tokens that every row has in common (up to the
     first needed position) are computed once (`shared_prefix.supports_shared_prefix` says
-    where)."""
+    where).
+
+    states [B, L-1, H]: the hidden states entering decoder layer `from_layer` at positions
+    0..L-2 (`engines.frozen_states`; a row of n tokens has n - 1, the rest are masked as
+    padding, `attention_mask[:, 1:]`); the forward then runs only layers
+    `from_layer`.. from them (the `head_on_hidden` path; `positions` required). Layers below
+    carry no gradient, so the log-probs and their gradient are those of the full forward
+    wherever the states are the ones it computes."""
+    if states is not None and (positions is None or not head_on_hidden(model)):
+        raise ValueError("token_logprobs_entropy: states need `positions` and a model whose "
+                         "head acts on the base model's hidden states")
     if positions is None or not head_on_hidden(model):
         logits = model(input_ids=input_ids, attention_mask=attention_mask,
                        use_cache=False).logits
@@ -110,20 +120,34 @@ def token_logprobs_entropy(model: torch.nn.Module, input_ids: torch.Tensor,
         if share_prefix and supports_shared_prefix(model) else 0
     with torch.autocast(input_ids.device.type, dtype=autocast or torch.bfloat16,
                         enabled=autocast is not None):
-        if p:  # hidden states at positions p.. only; the ones before are never needed
-            hidden = hidden_after_prefix(model.base_model, input_ids, attention_mask, p)
+        if states is not None:  # positions 0..L-2 from layer `from_layer` on
+            with layers_from(model, from_layer, renumber=True):
+                hidden = _hidden(model.base_model, None, attention_mask[:, 1:], p, states)
         else:
-            hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                      use_cache=False).last_hidden_state
+            hidden = _hidden(model.base_model, input_ids, attention_mask, p)[:, :-1]
     sel = positions.bool()
     head = model.get_output_embeddings()
-    rows = hidden[:, :-1][sel[:, p:]]
+    rows = hidden[sel[:, p:]]
     if autocast is not None:
         rows = rows.to(head.weight.dtype)
     logp_all = torch.log_softmax(head(rows).float(), dim=-1)              # [N, V]
     lp = logp_all.gather(-1, targets[sel][:, None]).squeeze(-1)
     zeros = torch.zeros(sel.shape, dtype=lp.dtype, device=lp.device)
     return zeros.masked_scatter(sel, lp), zeros.masked_scatter(sel, entropy_of(logp_all))
+
+
+def _hidden(base: torch.nn.Module, input_ids: torch.Tensor | None,
+            attention_mask: torch.Tensor, p: int, states: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """The base model's last hidden states at positions p.. (p > 0: the shared prefix once)."""
+    if p:  # hidden states at positions p.. only; the ones before are never needed
+        return hidden_after_prefix(base, input_ids, attention_mask, p) if states is None \
+            else hidden_after_prefix(base, None, attention_mask, p, inputs_embeds=states)
+    if states is not None:
+        return base(inputs_embeds=states, attention_mask=attention_mask,
+                    use_cache=False).last_hidden_state
+    return base(input_ids=input_ids, attention_mask=attention_mask,
+                use_cache=False).last_hidden_state
 
 
 @torch.no_grad()

@@ -4,10 +4,13 @@ its start ("before", 140c4d9), from seeds/metrics_{before,after}_seedS.jsonl, pa
 sign-flip p) and the smallest difference the design detects at 80% power (2.8 sd / sqrt(n)).
 
     python compare_seeds.py [SEED ...] > compare_seeds.json
+
+SEEDS_DIR (environment): where the metrics files are (default: seeds/ beside this script).
 """
 
 import json
 import math
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -15,11 +18,12 @@ from pathlib import Path
 from compassplay.eval.paired import paired_diff
 
 HERE = Path(__file__).parent
+SEEDS = Path(os.environ.get("SEEDS_DIR", HERE / "seeds"))
 STAGES = ("propose", "solve", "score", "learn")
 
 
 def rows(arm: str, seed: int) -> list[dict]:
-    path = HERE / "seeds" / f"metrics_{arm}_seed{seed}.jsonl"
+    path = SEEDS / f"metrics_{arm}_seed{seed}.jsonl"
     return [r for r in map(json.loads, path.read_text().splitlines()) if "valid" in r]
 
 

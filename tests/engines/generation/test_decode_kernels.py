@@ -68,7 +68,9 @@ def test_fused_steps_follow_the_torch_ops_and_the_float32_forward(arch, heads, k
     worst_ops, worst_ref, worst_fused_ref = 0.0, 0.0, 0.0
     with torch.no_grad():
         a, b, c = (d.start(ids, pad, ids.shape[1] + 40) for d in (fused, ops, ref))
-        assert torch.equal(a, b)  # the prefill is the same code
+        # the prefill is the same code but for its head matmul (4 rows: `small_linear`)
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-5
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
         for step in range(40):
             tok = torch.randint(0, 258, (len(a),), generator=g)
             if step == 20:  # the engine drops finished rows
@@ -105,7 +107,9 @@ def test_float32_fused_steps_equal_the_float32_torch_ops_up_to_summation_order(
     worst = 0.0
     with torch.no_grad():
         a, b = (d.start(ids, pad, ids.shape[1] + 40) for d in (fused, ops))
-        assert torch.equal(a, b)  # the prefill is the same code
+        # the prefill is the same code but for its head matmul (4 rows: `small_linear`)
+        assert float((a - b).abs().max() / b.abs().max()) < 1e-5
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
         for step in range(40):
             tok = torch.randint(0, 258, (len(a),), generator=g)
             if step == 20:
@@ -120,6 +124,41 @@ def test_float32_fused_steps_equal_the_float32_torch_ops_up_to_summation_order(
     keys = fused._k[..., :t].transpose(-1, -2)
     assert torch.allclose(keys, ops._k[:, :, :, :t], atol=1e-5, rtol=1e-5)
     assert torch.allclose(fused._v[:, :, :, :t], ops._v[:, :, :, :t], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])
+def test_the_float32_small_row_matmul_equals_f_linear(rows):
+    """`small_linear` (a float32 decode step of at most 8 rows, one pass over the weights;
+    4 accumulators up to 4 rows, 8 above) against `F.linear`: float32 summation order only,
+    with and without a bias."""
+    kern = dk.load(dtype=torch.float32)
+    assert kern is not None and kern.small_rows == 8
+    g = torch.Generator().manual_seed(rows)
+    x, w, b = (torch.randn(s, generator=g) for s in ((rows, 1, 576), (960, 576), (960,)))
+    for bias in (None, b):
+        want = torch.nn.functional.linear(x, w, bias)
+        torch.testing.assert_close(kern.small_linear(x, w, bias), want, atol=1e-4, rtol=1e-5)
+    with pytest.raises(ValueError, match="9 rows"):
+        kern.small_linear(torch.zeros((9, 1, 576)), w, None)
+    with pytest.raises(ValueError, match="w must be a contiguous float32"):
+        kern.small_linear(x, w.t().contiguous().t(), None)
+    assert dk.load(dtype=torch.bfloat16).small_rows == 0  # the bfloat16 library has none
+
+
+def test_a_float32_decoder_uses_the_small_row_matmul_up_to_eight_rows(monkeypatch):
+    model = model_with("llama", 4, 2, 64)
+    dec = StaticDecoder(model, kernels="c")
+    calls = []
+    orig = dec._small.small_linear
+    monkeypatch.setattr(dec._small, "small_linear",
+                        lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b))
+    with torch.no_grad():
+        for rows in (9, 8):
+            ids, pad = left_pad([[5, 6, 7 + r] for r in range(rows)])  # distinct rows
+            dec.start(ids, pad, 6)
+            dec.step(torch.arange(rows))
+    # 8 rows: the prefill's head, then the step's 4 matmuls in each of 2 blocks and its head
+    assert set(calls) == {8} and len(calls) == 1 + 4 * 2 + 1
 
 
 def test_a_shared_prefix_and_capacity_changes_keep_the_fused_steps_right():
@@ -150,6 +189,19 @@ def test_a_cache_in_another_layout_is_refused_before_the_kernels_read_it():
         dec.start(ids, pad, 8)
         dec._v = dec._v.transpose(3, 4).contiguous().transpose(3, 4)  # same shape, strided
         with pytest.raises(ValueError, match="decode_kernels: values must be a contiguous"):
+            dec.step(torch.tensor([1, 2]))
+
+
+
+def test_a_library_of_the_other_storage_type_is_refused_before_it_reads():
+    model = model_with("llama", 4, 2, 64)
+    dec = StaticDecoder(model, dtype=torch.float32, kernels="c")
+    dec._fused.kern = dk.load(dtype=torch.bfloat16)  # the bfloat16 library
+    ids, pad = left_pad([[5, 6, 7], [8, 9]])
+    with torch.no_grad():
+        dec.start(ids, pad, 8)
+        with pytest.raises(ValueError, match="the torch.bfloat16 library cannot run a "
+                                             "torch.float32 decoder"):
             dec.step(torch.tensor([1, 2]))
 
 

@@ -1,6 +1,7 @@
 """learner.share_prefix: the leading tokens every row of a micro-batch shares go through the
 model once, and the log-probs, entropies and gradients equal the padded forward's (the plain
-path is the oracle); the learner orders rows by prompt so equal prompts meet."""
+path is the oracle); the learner plans its micro-batches by prompt prefix
+(`prefix_chunks`) so rows that share one meet."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from compassplay.engines import make_learner
+from compassplay.engines.generation.prefix_plan import common_prefix
 from compassplay.engines.training import shared_prefix
 from compassplay.engines.training.logprobs import pack, token_logprobs_entropy
 from compassplay.records import Generation, Trajectory
@@ -37,10 +39,52 @@ def _run(model, b, share: bool, autocast=None):
     return lp.detach(), ent, grads
 
 
-def test_grouped_by_makes_equal_keys_adjacent_and_keeps_an_already_grouped_order():
-    assert shared_prefix.grouped_by([5, 1, 7, 3, 2], lambda i: i % 2) == [5, 1, 7, 3, 2]
-    assert shared_prefix.grouped_by([4, 1, 6, 3, 8], lambda i: i % 2) == [4, 6, 8, 1, 3]
-    assert shared_prefix.grouped_by([2, 0, 1], lambda i: i) == [2, 0, 1]
+def _positions(prompts, lengths, chunks) -> int:
+    """Positions the chunks' passes compute (`prefix_chunks`' cost without the overhead)."""
+    total = 0
+    for chunk in chunks:
+        width = max(lengths[i] for i in chunk)
+        shared = 0
+        if len(chunk) > 1:
+            common = min(common_prefix(prompts[chunk[0]], prompts[i]) for i in chunk)
+            shared = min(common, min(len(prompts[i]) for i in chunk) - 1, width - 1)
+            shared = shared if shared >= shared_prefix.MIN_SHARED else 0
+        total += shared + len(chunk) * (width - shared)
+    return total
+
+
+def test_prefix_chunks_keep_the_proposers_task_types_apart():
+    """Three task types, four rows each, arriving interleaved: 200 shared tokens within a
+    type, 8 (a chat template's opening) across types. Chunks of 4 in arrival order share 8."""
+    g = torch.Generator().manual_seed(0)
+    opening = torch.randint(0, 256, (8,), generator=g).tolist()
+    heads = [opening + torch.randint(0, 256, (192,), generator=g).tolist() for _ in range(3)]
+    prompts = [heads[i % 3] + torch.randint(0, 256, (int(torch.randint(100, 160, (1,),
+               generator=g)),), generator=g).tolist() for i in range(12)]
+    lengths = [len(p) + 40 for p in prompts]
+    chunks = shared_prefix.prefix_chunks(prompts, lengths, size=4)
+    assert sorted(i for c in chunks for i in c) == list(range(12))
+    assert all(len(c) <= 4 for c in chunks)
+    assert sorted(sorted(i % 3 for i in c) for c in chunks) == [[0] * 4, [1] * 4, [2] * 4]
+    arrival = [list(range(k, k + 4)) for k in range(0, 12, 4)]
+    assert _positions(prompts, lengths, chunks) < 0.65 * _positions(prompts, lengths, arrival)
+
+
+def test_prefix_chunks_keep_one_tasks_samples_together_and_every_row_once():
+    """Solver samples left after zero-advantage rows dropped: 3, 2 and 3 of three tasks."""
+    g = torch.Generator().manual_seed(1)
+    tasks = [torch.randint(0, 256, (100,), generator=g).tolist() for _ in range(3)]
+    rows = [0, 1, 2, 0, 2, 1, 0, 2]
+    prompts = [tasks[t] for t in rows]
+    lengths = [100 + int(torch.randint(5, 30, (1,), generator=g)) for _ in rows]
+    chunks = shared_prefix.prefix_chunks(prompts, lengths, size=4)
+    assert sorted(i for c in chunks for i in c) == list(range(8))
+    assert sorted(sorted(rows[i] for i in c) for c in chunks) == [[0, 0, 0], [1, 1], [2, 2, 2]]
+    assert shared_prefix.prefix_chunks([], [], size=4) == []
+    assert shared_prefix.prefix_chunks([[1, 2]], [5], size=4) == [[0]]
+    # nothing shared: every chunk as full as `size` allows
+    lone = [[i] * 20 for i in range(9)]
+    assert len(shared_prefix.prefix_chunks(lone, [30] * 9, size=4)) == 3
 
 
 def test_shared_prefix_len_stops_at_the_first_difference_pad_or_needed_position():
@@ -161,7 +205,7 @@ def test_the_learner_update_is_the_same_with_and_without_sharing(learner_cfg, mo
 
         slot.step = record
         assert learner.step(_trajectories(model)).grad_norm > 0
-    # grouped by prompt, each micro-batch holds one task's three samples: two shared passes
+    # planned by prompt, each micro-batch holds one task's three samples: two shared passes
     assert sorted(shared_calls) == [(3, 25), (3, 30)]
     assert grads[True].keys() == grads[False].keys()
     for n in grads[False]:
