@@ -151,6 +151,17 @@ class DeepSpeedSlot(Slot):
         self.module = self.engine
         self._schedule0 = copy.deepcopy(self.engine.lr_scheduler.state_dict())
 
+    def begin_pass(self) -> None:
+        """What `engine.forward` does first, for the learner's forwards that bypass it (on
+        `base_model`, to take the head at the needed positions only): DeepSpeed >= 0.18's
+        ZeRO optimizers advance their micro-step there (`clear_backward_seen_flag`: the
+        first micro-batch's gradient is copied, each later one added). Without it every
+        micro-batch of a ZeRO-3 step overwrote the one before (0.19.8; tests). Calling it
+        twice before one forward changes nothing."""
+        clear = getattr(self.engine.optimizer, "clear_backward_seen_flag", None)
+        if clear is not None:
+            clear()
+
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         self.reload_states()
         self.engine.set_gradient_accumulation_boundary(last)

@@ -108,6 +108,10 @@ class Slot(ABC):
     rank: int = 0  # in the learner group
     world_size: int = 1
 
+    def begin_pass(self) -> None:  # noqa: B027 - optional hook, a no-op by default
+        """Before each micro-batch's forward whose loss `backward` takes (nothing to do for a
+        backend whose forward needs no notice)."""
+
     @abstractmethod
     def backward(self, loss: torch.Tensor, last: bool) -> None:
         """Accumulate gradients; `last` marks the final micro-batch before `step`."""
@@ -297,6 +301,7 @@ class PolicyLearner(Learner):
             gens = [trajs[i].generation for i in chunk]
             b = pack(gens, device=dev)
             a = broadcast_to_tokens(torch.tensor([adv[i] for i in chunk]), b["mask"])
+            slot.begin_pass()
             start = None if frozen is None else frozen.states_for(
                 [states.get(states_key(g.prompt_ids, g.completion_ids)) for g in gens], b)
             logp, ent = token_logprobs_entropy(slot.module, b["input_ids"], b["attention_mask"],

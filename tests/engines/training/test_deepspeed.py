@@ -6,6 +6,7 @@ import torch
 from compassplay.config import LearnerSection
 from compassplay.engines import make_learner
 from compassplay.engines.training.logprobs import head_on_hidden
+from tests.engines.adam_steps import assert_same_adam_step
 from tests.engines.helpers import assert_reset_replays_first_step
 from tests.tiny_models import synthetic_trajectories, tiny_causal_lm
 
@@ -47,6 +48,32 @@ def test_deepspeed_zero2_matches_torch(tmp_path):
     assert all(torch.equal(ow[k], dw[k]) for k in dw) and other.weight_version == 2
     batch = synthetic_trajectories(other.slots["policy"].engine.module, n=5, seed=7)
     assert other.step(batch).loss == pytest.approx(dl.step(batch).loss, rel=1e-6)
+
+
+def test_zero3_accumulates_every_micro_batch_as_torch_does():
+    """Three micro-batches on one rank: DeepSpeed >= 0.18 advances ZeRO's micro-step (copy the
+    first micro-batch's gradient, add the later ones) in `engine.forward`, which the learner's
+    forward on the base model's hidden states never calls; without `Slot.begin_pass` every
+    micro-batch overwrote the one before and the update was the last one's alone."""
+    cfg = LearnerSection(lr=1e-3, micro_batch=2, max_grad_norm=100.0, schedule="constant",
+                         mini_batch_size=0)
+    before = tiny_causal_lm(seed=2).state_dict()
+    stats, weights = {}, {}
+    for backend in ("torch", "deepspeed"):
+        model = tiny_causal_lm(seed=2)
+        learner = make_learner(cfg.model_copy(update={"backend": backend, "zero_stage": 3}),
+                               model, total_steps=2)
+        stats[backend] = learner.step(synthetic_trajectories(tiny_causal_lm(seed=2), n=5,
+                                                             seed=4))
+        weights[backend] = learner.state_dict_for_sync()
+    assert stats["deepspeed"].loss == pytest.approx(stats["torch"].loss, rel=1e-5, abs=1e-7)
+    assert stats["deepspeed"].grad_norm == pytest.approx(stats["torch"].grad_norm, rel=1e-5)
+    tight = total = 0
+    for k in weights["torch"]:  # Adam's first step: a sign step but near zero gradients
+        t, n = assert_same_adam_step(weights["deepspeed"][k], weights["torch"][k], before[k],
+                                     cfg.lr, atol=1e-3 * cfg.lr, name=k)
+        tight, total = tight + t, total + n
+    assert tight > 0.99 * total
 
 
 @pytest.mark.slow
