@@ -19,7 +19,6 @@ from compassplay.bench.stdout_guard import stdout_to_stderr
 from compassplay.config import ConfigError, dump_config, load_config
 from compassplay.errors import RunError, RunInterrupted
 from compassplay.executors.interrupt import EXIT_CODE
-from compassplay.host_memory import prefer_huge_pages
 
 # The config `run` and `config show` use without --config (compassplay/configs/default.yaml)
 DEFAULT_CONFIG = "default"
@@ -227,7 +226,6 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    prefer_huge_pages()  # before torch's first CPU allocation; a local Ray's actors inherit it
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         argv = ["run"]

@@ -32,7 +32,7 @@ FLOORS = {
     "sync": 4, "verifiers": 4,
     "config": 3,
     "rewards": 2,
-    "records": 1, "errors": 1, "fileio": 1, "host_memory": 1,
+    "records": 1, "errors": 1, "fileio": 1,
     "compassplay": 0,
 }
 
