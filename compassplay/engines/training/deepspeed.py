@@ -153,7 +153,7 @@ class DeepSpeedSlot(Slot):
 
     def begin_pass(self) -> None:
         """What `engine.forward` does first, for the learner's forwards that bypass it (on
-        `base_model`, to take the head at the needed positions only): DeepSpeed >= 0.18's
+        `base_model`, to take the head at the needed positions only): DeepSpeed 0.19's
         ZeRO optimizers advance their micro-step there (`clear_backward_seen_flag`: the
         first micro-batch's gradient is copied, each later one added). Without it every
         micro-batch of a ZeRO-3 step overwrote the one before (0.19.8; tests). Calling it

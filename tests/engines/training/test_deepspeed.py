@@ -51,10 +51,11 @@ def test_deepspeed_zero2_matches_torch(tmp_path):
 
 
 def test_zero3_accumulates_every_micro_batch_as_torch_does():
-    """Three micro-batches on one rank: DeepSpeed >= 0.18 advances ZeRO's micro-step (copy the
-    first micro-batch's gradient, add the later ones) in `engine.forward`, which the learner's
-    forward on the base model's hidden states never calls; without `Slot.begin_pass` every
-    micro-batch overwrote the one before and the update was the last one's alone."""
+    """Three micro-batches on one rank: DeepSpeed 0.19 (0.19.8 here) advances ZeRO's
+    micro-step (copy the first micro-batch's gradient, add the later ones) in
+    `engine.forward`, which the learner's forward on the base model's hidden states never
+    calls; without `Slot.begin_pass` every micro-batch overwrote the one before and the
+    update was the last one's alone."""
     cfg = LearnerSection(lr=1e-3, micro_batch=2, max_grad_norm=100.0, schedule="constant",
                          mini_batch_size=0)
     before = tiny_causal_lm(seed=2).state_dict()
