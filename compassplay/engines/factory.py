@@ -11,7 +11,8 @@ from compassplay.engines.generation.base import GenerationEngine
 from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.engines.generation.vllm import VLLMGenerationEngine
 from compassplay.engines.training.dist import RankInfo
-from compassplay.engines.training.learner import PolicyLearner, Slot
+from compassplay.engines.training.learner import PolicyLearner
+from compassplay.engines.training.slot import Slot
 
 
 def make_learner(cfg, model: torch.nn.Module, ref_model: torch.nn.Module | None = None, *,

@@ -185,3 +185,18 @@ class PrefixCache:
         log.info("reference states below layer %d computed (%d passes, %.1f s, build %d)",
                  self.k, len(out), time.perf_counter() - start, self.builds)
         return out
+
+
+# relative and absolute tolerance on a reference loss from a pass's kept states under
+# `reference_autocast` (GradientScorer._prefix_agrees): about 3x the rounding measured
+ROUNDING_TOL = 2e-2
+
+
+def row_ends(batch: Batch) -> list[int]:
+    """Each row's length up to its last target token (its last loss-bearing column + 2)."""
+    return [int(w.nonzero().max()) + 2 for w in batch.weights]
+
+
+def shortest_row(kept: tuple[Batch, torch.Tensor]) -> int:
+    """The shortest row's length in a kept pass (Batch, states)."""
+    return min(row_ends(kept[0]))

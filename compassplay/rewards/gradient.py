@@ -48,17 +48,20 @@ from .batch import (
     scoring_mode,
     solution_sets,
 )
-from .frozen_prefix import PrefixCache, forward_entering, layers_from
+from .frozen_prefix import (
+    ROUNDING_TOL,
+    PrefixCache,
+    forward_entering,
+    layers_from,
+    row_ends,
+    shortest_row,
+)
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine, grads_only_for
 from .reductions import rowsum
 from .subspace import CountSketch, ParamsSpec, ProjectionSpec, parse_spec, select_params
 
 log = logging.getLogger(__name__)
-
-# relative and absolute tolerance on a reference loss from a pass's kept states under
-# `reference_autocast` (GradientScorer._prefix_agrees): about 3x the rounding measured
-ROUNDING_TOL = 2e-2
 
 __all__ = ["Example", "GradientScorer", "ProjectionSpec", "StaleMetricError",
            "StaleReferenceError"]
@@ -293,7 +296,7 @@ class GradientScorer:
         and turns the cache off."""
         if self.prefix.enabled:
             passes = self.prefix.passes(ref, self.pass_tokens, self.device, self.pad_id)
-            if self._prefix_checked or self._prefix_agrees(*min(passes, key=_shortest_row)):
+            if self._prefix_checked or self._prefix_agrees(*min(passes, key=shortest_row)):
                 self._prefix_checked = True
                 return list(passes), layers_from(self.model, self.prefix.k)
             self.prefix.disable()
@@ -314,7 +317,7 @@ class GradientScorer:
           and to `ROUNDING_TOL` under `reference_autocast`, where a pass of another shape
           rounds otherwise (SmolLM2's shortest item in bfloat16 on a 2-core Zen 4: 1.3367
           from the pass's states, 1.3276 from its own forward, 0.7%)."""
-        ends = _row_ends(batch)
+        ends = row_ends(batch)
         j = min(range(batch.size), key=ends.__getitem__)
         n = ends[j]
         batch = Batch(batch.ids[j:j + 1, :n], batch.position_ids[j:j + 1, :n],
@@ -399,12 +402,3 @@ class GradientScorer:
         if out.proj is not None and proj is not None:
             out.proj.index_add_(0, ix, proj.double().cpu())
 
-
-def _row_ends(batch: Batch) -> list[int]:
-    """Each row's length up to its last target token (its last loss-bearing column + 2)."""
-    return [int(w.nonzero().max()) + 2 for w in batch.weights]
-
-
-def _shortest_row(kept: tuple[Batch, torch.Tensor]) -> int:
-    """The shortest row's length in a kept pass (Batch, states)."""
-    return min(_row_ends(kept[0]))

@@ -28,7 +28,7 @@ import torch
 
 from compassplay.engines.training import deepspeed_state as dstate
 from compassplay.engines.training.dist import RankInfo, free_port, init_group, leave_at_exit
-from compassplay.engines.training.learner import Slot, lr_lambda
+from compassplay.engines.training.slot import Slot, lr_lambda
 from compassplay.engines.training.torch_learner import make_adamw, save_weights
 
 _TAG = "state"  # DeepSpeed's own checkpoint tag (older checkpoints, same rank count only)

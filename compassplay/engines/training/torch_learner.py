@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from compassplay.engines.training.learner import Slot, lr_lambda
+from compassplay.engines.training.slot import Slot, lr_lambda
 from compassplay.rewards.preconditioner import adamw_metric
 
 

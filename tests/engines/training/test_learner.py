@@ -9,8 +9,8 @@ from compassplay.config import LearnerSection
 from compassplay.engines import SamplingParams, make_learner
 from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.engines.training.advantages import trajectory_advantages
-from compassplay.engines.training.learner import lr_lambda
 from compassplay.engines.training.logprobs import pack, token_logprobs
+from compassplay.engines.training.slot import lr_lambda
 from compassplay.records import Trajectory
 from tests.engines.adam_steps import assert_same_adam_step
 from tests.engines.helpers import assert_reset_replays_first_step
