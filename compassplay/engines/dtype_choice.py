@@ -231,11 +231,11 @@ def _measure_and_keep(model: torch.nn.Module, path: Path, key: str) -> dict:
 
 
 def _resolve(field: str, choices: tuple[str, ...], choice: str, model: torch.nn.Module,
-             cache_dir: Path | None, static_only: bool) -> torch.dtype | None:
+             measured: Callable[[], dict], static_only: bool) -> torch.dtype | None:
     """choices[0] -> None, "bfloat16" -> bfloat16, "auto" -> bfloat16 when the model's
     weights are float32 on a CPU (and, with `static_only`, the static decoder runs it) where
-    `measured_choice` found bfloat16 faster, else None; another value is a ValueError naming
-    `field`."""
+    `measured()` (`measured_choice`'s entry) found bfloat16 faster, else None; another value
+    is a ValueError naming `field`."""
     if choice not in choices:
         raise ValueError(f"{field}: unknown value {choice!r} (expected one of {choices})")
     if choice != "auto":
@@ -244,17 +244,37 @@ def _resolve(field: str, choices: tuple[str, ...], choice: str, model: torch.nn.
     if p.device.type != "cpu" or p.dtype != torch.float32 or (
             static_only and unsupported_reason(model)):
         return None
-    return torch.bfloat16 if measured_choice(model, cache_dir)["dtype"] == "bfloat16" else None
+    return torch.bfloat16 if measured()["dtype"] == "bfloat16" else None
 
 
 def resolve_float32_pack(model: torch.nn.Module, cache_dir: Path | None = None) -> str:
     """How a float32 static decoder of `model` packs its CPU decode matmuls: the measured
     `float32_pack` of `measured_choice` for a float32 CPU model, else "mkl" (unused off
     CPU)."""
+    return _float32_pack(model, lambda: measured_choice(model, cache_dir))
+
+
+def _float32_pack(model: torch.nn.Module, measured: Callable[[], dict]) -> str:
     p = next(model.parameters())
     if p.device.type != "cpu" or p.dtype != torch.float32 or not onednn_available():
         return "mkl"
-    return measured_choice(model, cache_dir)["float32_pack"]
+    return measured()["float32_pack"]
+
+
+def resolve_decoding(choice: str, model: torch.nn.Module, cache_dir: Path | None = None
+                     ) -> tuple[torch.dtype | None, str]:
+    """A static decoder's (matmul dtype, float32 packing) for `decode_dtype` = `choice`:
+    `resolve_decode_dtype`, then, for a float32 decoder, `resolve_float32_pack` ("mkl", unused,
+    for a bfloat16 one), from one read of the kept measurement."""
+    kept: list[dict] = []
+
+    def measured() -> dict:
+        if not kept:
+            kept.append(measured_choice(model, cache_dir))
+        return kept[0]
+
+    dtype = _resolve("decode_dtype", DECODE_DTYPES, choice, model, measured, static_only=True)
+    return dtype, (_float32_pack(model, measured) if dtype is None else "mkl")
 
 
 def resolve_decode_dtype(choice: str, model: torch.nn.Module,
@@ -262,7 +282,8 @@ def resolve_decode_dtype(choice: str, model: torch.nn.Module,
     """The static decoder's matmul dtype for `choice`: None for "model" (the weights' own),
     bfloat16 for "bfloat16", and for "auto" bfloat16 when the model's weights are float32 on a
     CPU where `measured_choice` found bfloat16 faster, else None."""
-    return _resolve("decode_dtype", DECODE_DTYPES, choice, model, cache_dir, static_only=True)
+    return _resolve("decode_dtype", DECODE_DTYPES, choice, model,
+                    lambda: measured_choice(model, cache_dir), static_only=True)
 
 
 def resolve_autocast(choice: str, model: torch.nn.Module, cache_dir: Path | None = None,
@@ -272,4 +293,5 @@ def resolve_autocast(choice: str, model: torch.nn.Module, cache_dir: Path | None
     for "bfloat16", and for "auto" bfloat16 when the model's weights are float32 on a CPU where
     `measured_choice` found bfloat16 matmuls faster, else None (a GPU config picks its
     precision with `model.dtype` and DeepSpeed's bf16 mode)."""
-    return _resolve(field, AUTOCAST_CHOICES, choice, model, cache_dir, static_only=False)
+    return _resolve(field, AUTOCAST_CHOICES, choice, model,
+                    lambda: measured_choice(model, cache_dir), static_only=False)

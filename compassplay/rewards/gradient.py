@@ -48,14 +48,7 @@ from .batch import (
     scoring_mode,
     solution_sets,
 )
-from .frozen_prefix import (
-    ROUNDING_TOL,
-    PrefixCache,
-    forward_entering,
-    layers_from,
-    row_ends,
-    shortest_row,
-)
+from .frozen_prefix import PrefixCache, kept_states_agree, layers_from, shortest_row
 from .oracle import naive_partials
 from .per_sample import PerSampleEngine, grads_only_for
 from .reductions import rowsum
@@ -296,48 +289,15 @@ class GradientScorer:
         and turns the cache off."""
         if self.prefix.enabled:
             passes = self.prefix.passes(ref, self.pass_tokens, self.device, self.pad_id)
-            if self._prefix_checked or self._prefix_agrees(*min(passes, key=shortest_row)):
+            if self._prefix_checked or kept_states_agree(
+                    self.model, self.prefix.k, *min(passes, key=shortest_row),
+                    rounds=self.reference_autocast is not None):
                 self._prefix_checked = True
                 return list(passes), layers_from(self.model, self.prefix.k)
             self.prefix.disable()
         plain = [(make_batch([ref[i] for i in idx], idx, self.device, self.pad_id), None)
                  for idx in plan_batches(ref, self.pass_tokens)]
         return plain, contextlib.nullcontext()
-
-    def _prefix_agrees(self, batch: Batch, hidden: torch.Tensor, tol: float = 1e-4) -> bool:
-        """Whether the kept states give the plain forward's loss, checked on the pass's
-        shortest row (the caller passes the pass holding the shortest reference item: one
-        plain forward of 244 tokens for SmolLM2's reference on 2 cores, 0.8 s, against 4.6 s
-        for the whole first pass). Two claims, each with its own tolerance:
-
-        * the top layers need only their input: the row's loss from the states its own
-          forward computes equals its plain forward's to `tol` in any numerics (the same
-          kernels on the same shapes);
-        * the pass's states are this row's: the loss from them agrees to `tol` in float32,
-          and to `ROUNDING_TOL` under `reference_autocast`, where a pass of another shape
-          rounds otherwise (SmolLM2's shortest item in bfloat16 on a 2-core Zen 4: 1.3367
-          from the pass's states, 1.3276 from its own forward, 0.7%)."""
-        ends = row_ends(batch)
-        j = min(range(batch.size), key=ends.__getitem__)
-        n = ends[j]
-        batch = Batch(batch.ids[j:j + 1, :n], batch.position_ids[j:j + 1, :n],
-                      batch.labels[j:j + 1, :n], batch.weights[j:j + 1, :n], batch.index[j:j + 1])
-        hidden = hidden[j:j + 1, :n]
-        with scoring_mode(self.model), torch.no_grad():
-            plain = batch_losses(self.model, batch)
-            own = forward_entering(self.model, self.prefix.k, input_ids=batch.ids,
-                                   position_ids=batch.position_ids)
-            with layers_from(self.model, self.prefix.k):
-                from_own = batch_losses(self.model, batch, inputs_embeds=own)
-                kept = batch_losses(self.model, batch, inputs_embeds=hidden)
-        loose = tol if self.reference_autocast is None else ROUNDING_TOL
-        if torch.allclose(from_own, plain, rtol=tol, atol=tol) and \
-                torch.allclose(kept, plain, rtol=loose, atol=loose):
-            return True
-        log.warning("reference losses from the kept prefix states %s (from the row's own "
-                    "states %s) != the plain forward's %s: computing g_ref with the whole "
-                    "model", kept.tolist(), from_own.tolist(), plain.tolist())
-        return False
 
     def check_reference(self, allow_stale: bool = False) -> Reference:
         """The current reference; raises if unset, or stale unless `allow_stale`."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from compassplay.engines.dtype_choice import resolve_decode_dtype, resolve_float32_pack
+from compassplay.engines.dtype_choice import resolve_decoding
 from compassplay.engines.frozen_states import states_key, states_positions
 from compassplay.engines.generation.base import GenerationEngine, SamplingParams, check_version
 from compassplay.engines.generation.decoder_support import unsupported_reason
@@ -142,9 +142,8 @@ class HFGenerationEngine(GenerationEngine):
             log.info("generation: the static decoder cannot run this model (%s); using the "
                      "module's own forward", why)
         if decoder == "static" and why is None:
-            dtype = resolve_decode_dtype(decode_dtype, model)
             # a float32 decoder packs its matmuls as measured fastest on this machine
-            pack = resolve_float32_pack(model) if dtype is None else "mkl"
+            dtype, pack = resolve_decoding(decode_dtype, model)
             self._decoder: StaticDecoder | ModuleDecoder = StaticDecoder(
                 model, dtype=dtype, kernels=decode_kernels, float32_pack=pack)
         else:

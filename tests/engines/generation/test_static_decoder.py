@@ -227,6 +227,32 @@ def test_the_float32_packing_is_measured_kept_and_used_by_the_engine(monkeypatch
         StaticDecoder(model, float32_pack="fast")
 
 
+def test_the_engine_reads_its_dtype_and_packing_from_one_read_of_the_kept_entry(
+        monkeypatch, tmp_path):
+    """`resolve_decoding` gives what `resolve_decode_dtype` and `resolve_float32_pack` give,
+    for a float32 and a bfloat16 choice, and reads the kept file once where they read it
+    twice."""
+    from compassplay.engines import dtype_choice as dc
+
+    model = tiny("llama")
+    timings = {torch.float32: 1.0, torch.bfloat16: 2.0}  # float32 faster: auto keeps it
+    monkeypatch.setattr(dc, "decode_matmul_seconds", lambda m, **kw: dict(timings))
+    monkeypatch.setattr(dc, "float32_pack_seconds", lambda m: {"mkl": 2.0, "onednn": 1.0}
+                        if dc.onednn_available() else {"mkl": 1.0})
+    want = (dc.resolve_decode_dtype("auto", model, tmp_path),
+            dc.resolve_float32_pack(model, tmp_path))
+    assert want[0] is None
+    reads = []
+    real_read = dc._read
+    monkeypatch.setattr(dc, "_read", lambda path: reads.append(path) or real_read(path))
+    assert dc.resolve_decoding("auto", model, tmp_path) == want
+    assert len(reads) == 1
+    assert dc.resolve_decoding("bfloat16", model, tmp_path) == (torch.bfloat16, "mkl")
+    assert len(reads) == 1  # a bfloat16 decoder needs no packing: nothing read
+    with pytest.raises(ValueError, match="decode_dtype"):
+        dc.resolve_decoding("fp8", model, tmp_path)
+
+
 def test_decode_dtype_auto_is_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
     """The first run's choice is written to the cache and every later one reads it, whatever
     a later timing would say (the choice flipped between runs under load before)."""
