@@ -2,10 +2,11 @@
 
 `decode_kernels.c` holds three functions (residual add + RMS norm, rotary embedding + KV write
 + attention, SiLU x up) that replace the ~30 small torch ops between a block's four matmuls
-in a decode step, and, in the float32 library, the matmul of a step of at most `SMALL_ROWS`
-rows as one pass over the weights (`small_linear`; 30 blocks' matmuls on a 2-core AVX2 Zen 3:
-16.5 ms at 4 rows and 21.9 at 8 against oneDNN's packed 22.9 and 27.7, with one stream of
-the weights at 16.5). One source gives two libraries: activations and KV cache in bfloat16 (the
+in a decode step, and the matmul of a step of a few rows as one pass over the weights
+(`small_linear`): in the float32 library up to 8 rows (30 blocks' matmuls on a 2-core AVX2
+Zen 3: 16.5 ms at 4 rows and 21.9 at 8 against oneDNN's packed 22.9 and 27.7, with one
+stream of the weights at 16.5), in a bfloat16 library built for AVX512-BF16 up to 32 (on a
+2-core Zen 4, SmolLM2's blocks and head: 13-15 ms at 12-16 rows against oneDNN's 18-21). One source gives two libraries: activations and KV cache in bfloat16 (the
 decoder on CPUs with native bfloat16 dot products) or in float32 (`-DCP_FLOAT32`: CPUs
 without, such as AVX2-only laptops). Each is compiled once per machine with the system's C
 compiler (`$CC`, else `cc`/`gcc`; about 1 s: no torch headers) for this CPU
@@ -36,7 +37,6 @@ from compassplay.fileio import default_cache_dir
 
 SOURCE = Path(__file__).with_name("decode_kernels.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-SMALL_ROWS = 8  # decode rows the float32 library's `small_linear` serves (decode_kernels.c)
 # the storage dtype -> (file tag, extra flags) of its library
 VARIANTS: dict[torch.dtype, tuple[str, tuple[str, ...]]] = {
     torch.bfloat16: ("bf16", ()), torch.float32: ("f32", ("-DCP_FLOAT32",))}
@@ -130,11 +130,16 @@ class DecodeKernels:
         lib.cp_exp.argtypes = [_P, _P, _I]
         for fn in (lib.cp_add_rms, lib.cp_rope_attend, lib.cp_silu_mul, lib.cp_exp):
             fn.restype = None
-        # the float32 library's weight-stream matmul for a few rows (None in bfloat16's)
-        self.small_rows = SMALL_ROWS if dtype == torch.float32 else 0
+        # the matmul of a decode step of a few rows (`small_linear`): up to 8 rows in the
+        # float32 library, 32 in a bfloat16 one built for AVX512-BF16, none otherwise
+        lib.cp_small_rows.argtypes, lib.cp_small_rows.restype = [], _I
+        self.small_rows = int(lib.cp_small_rows())
         if self.small_rows:
             lib.cp_small_linear.argtypes = [_P, _P, _P, _P, _I, _I, _I]
             lib.cp_small_linear.restype = None
+        if self.small_rows and dtype == torch.bfloat16:
+            lib.cp_pack_pairs.argtypes = [_P, _P, _I, _I]
+            lib.cp_pack_pairs.restype = None
         self.path = path
         self.dtype = dtype
         self._lib = lib
@@ -166,17 +171,38 @@ class DecodeKernels:
         rows, inter = out.shape
         self._lib.cp_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
 
+    def small_weight(self, w: torch.Tensor) -> torch.Tensor | None:
+        """w [N, K] in the layout `small_linear` reads, or None where it cannot take w: w
+        itself in float32; in bfloat16 a copy with each 16-row block's column pairs side by
+        side (`cp_pack_pairs`; N a multiple of 16, K even)."""
+        if not self.small_rows or w.dtype != self.dtype or w.dim() != 2 or \
+                not w.is_contiguous() or w.device.type != "cpu":
+            return None
+        if self.dtype == torch.float32:
+            return w
+        n, k = w.shape
+        if n % 16 or k % 2:
+            return None
+        packed = torch.empty_like(w)
+        self._lib.cp_pack_pairs(w.data_ptr(), packed.data_ptr(), n, k)
+        return packed
+
     def small_linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
                      ) -> torch.Tensor:
-        """x [M, 1, K] @ w [N, K]^T + b [N] -> [M, 1, N], float32, 1 <= M <= `small_rows`
-        (the float32 library only): one pass over w for the M rows."""
+        """x [M, 1, K] @ W [N, K]^T + b [N] -> [M, 1, N] in the library's dtype,
+        1 <= M <= `small_rows`, w = `small_weight(W)`: one pass over the weights for the M
+        rows (bfloat16: float32 sums, one rounding)."""
         rows, n, k = x.shape[0], w.shape[0], w.shape[1]
         if not 0 < rows <= self.small_rows:
             raise ValueError(f"small_linear: {rows} rows (1..{self.small_rows})")
-        for name, t in (("x", x), ("w", w), ("b", b)):  # read as plain float32 arrays
-            if t is not None and (t.dtype != torch.float32 or not t.is_contiguous()):
-                raise ValueError(f"small_linear: {name} must be a contiguous float32 tensor")
-        out = torch.empty((rows, 1, n), dtype=torch.float32)
+        for name, t in (("x", x), ("w", w), ("b", b)):  # read as plain arrays
+            if t is not None and (t.dtype != self.dtype or not t.is_contiguous()):
+                raise ValueError(f"small_linear: {name} must be a contiguous {self.dtype} "
+                                 "tensor")
+        if x.shape[-1] != k or (b is not None and b.shape != (n,)):
+            raise ValueError(f"small_linear: x {tuple(x.shape)}, w {tuple(w.shape)} and b "
+                             f"{None if b is None else tuple(b.shape)} do not match")
+        out = torch.empty((rows, 1, n), dtype=self.dtype)
         self._lib.cp_small_linear(x.data_ptr(), w.data_ptr(),
                                   None if b is None else b.data_ptr(), out.data_ptr(), rows,
                                   n, k)

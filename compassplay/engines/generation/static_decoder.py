@@ -70,8 +70,9 @@ class StaticDecoder:
         kern = resolve_kernels(self, kernels)
         self._fused = FusedStep(self, kern) if kern is not None else None
         self.kernels = "torch" if self._fused is None else "c"
-        # a float32 decode step of a few rows: its matmuls as one pass over the weights
+        # a decode step of a few rows: its matmuls as one pass over the weights
         self._small = kern if kern is not None and kern.small_rows else None
+        self._small_packed: dict[int, torch.Tensor | None] = {}  # id(weight) -> its layout
         # bfloat16 keys and the kernels' keys are cached transposed (`_alloc`); float32 keys
         # on torch ops keep the [C, d] layout, whose MKL sums their outputs are pinned to
         self.keys_transposed = self.dtype == torch.bfloat16 or self._fused is not None
@@ -111,19 +112,24 @@ class StaticDecoder:
         self._fingerprint = self.weights_fingerprint()
         self.blocks, self.embed, self.norm, self.head = fused_weights(self.model, self.dtype)
         self._packed = {}
+        self._small_packed = {}
 
     def _linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """x @ w.T + b. A decode step's matmuls (x: [B, 1, K] on CPU) use weights packed once
         for B rows (`pack_kind`): a fraction of `F.linear`'s time at B <= 64, where the
         unpacked kernel re-packs every call (MKL's: the same sums; oneDNN's float32: another
-        summation order). With the float32 kernels, a step of at most `small_rows` rows
-        streams the plain weights once instead (`DecodeKernels.small_linear`)."""
+        summation order). With the kernels, a step of at most `small_rows` rows streams the
+        weights once instead (`DecodeKernels.small_linear`: float32 up to 8 rows; bfloat16
+        up to 32 on AVX512-BF16, from a copy in its layout made once per weight)."""
         rows = x.shape[0]
         if self.pack is None or x.shape[1] != 1 or x.device.type != "cpu":
             return F.linear(x, w, b)
         if self._small is not None and rows <= self._small.small_rows:
-            return self._small.small_linear(x.contiguous(), w, b)
+            if id(w) not in self._small_packed:
+                self._small_packed[id(w)] = self._small.small_weight(w)
+            if (sw := self._small_packed[id(w)]) is not None:
+                return self._small.small_linear(x.contiguous(), sw, b)
         rows = self._pack_rows(rows)
         packs = self._packed[rows]
         if self.pack == "mkl":

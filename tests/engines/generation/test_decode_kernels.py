@@ -140,9 +140,9 @@ def test_the_float32_small_row_matmul_equals_f_linear(rows):
         torch.testing.assert_close(kern.small_linear(x, w, bias), want, atol=1e-4, rtol=1e-5)
     with pytest.raises(ValueError, match="9 rows"):
         kern.small_linear(torch.zeros((9, 1, 576)), w, None)
-    with pytest.raises(ValueError, match="w must be a contiguous float32"):
+    with pytest.raises(ValueError, match="w must be a contiguous torch.float32"):
         kern.small_linear(x, w.t().contiguous().t(), None)
-    assert dk.load(dtype=torch.bfloat16).small_rows == 0  # the bfloat16 library has none
+    assert kern.small_weight(w) is w  # float32 reads the weights as they are
 
 
 def test_a_float32_decoder_uses_the_small_row_matmul_up_to_eight_rows(monkeypatch):
@@ -159,6 +159,81 @@ def test_a_float32_decoder_uses_the_small_row_matmul_up_to_eight_rows(monkeypatc
             dec.step(torch.arange(rows))
     # 8 rows: the prefill's head, then the step's 4 matmuls in each of 2 blocks and its head
     assert set(calls) == {8} and len(calls) == 1 + 4 * 2 + 1
+
+
+def avx512_bf16() -> bool:
+    """Whether this CPU has AVX512-BF16 dot products (the bfloat16 `small_linear`)."""
+    try:
+        return " avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def test_the_bfloat16_library_has_a_small_row_matmul_exactly_where_the_cpu_has_bf16_dots():
+    assert dk.load(dtype=torch.bfloat16).small_rows == (32 if avx512_bf16() else 0)
+
+
+BF16_SMALL = pytest.mark.skipif(not dk.load(dtype=torch.bfloat16).small_rows,
+                                reason="this CPU has no AVX512-BF16 dot products")
+
+
+@BF16_SMALL
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 11, 12, 13, 16, 25, 32])
+def test_the_bfloat16_small_row_matmul_is_the_float32_sum_rounded_once(rows):
+    """The bfloat16 `small_linear` (its row tiles 12, 8, 4, 1 over pairs of 16-column
+    blocks, an odd block count's last block alone) against the float32 product of the same
+    bfloat16 inputs plus bias, rounded once: within one bfloat16 rounding (2^-8 relative, the
+    float32 sums differing in order only), with and without a bias."""
+    kern = dk.load(dtype=torch.bfloat16)
+    g = torch.Generator().manual_seed(rows)
+    for n, k in ((960, 576), (48, 64)):  # 60 blocks; 3 blocks (the odd one alone)
+        x, w, b = (torch.randn(s, generator=g).bfloat16() for s in ((rows, 1, k), (n, k), (n,)))
+        packed = kern.small_weight(w)
+        assert packed is not None and packed.shape == w.shape
+        for bias in (None, b):
+            exact = torch.nn.functional.linear(x.float(), w.float(),
+                                               None if bias is None else bias.float())
+            got = kern.small_linear(x, packed, bias)
+            assert got.dtype == torch.bfloat16 and got.shape == (rows, 1, n)
+            torch.testing.assert_close(got.float(), exact, rtol=2 ** -8, atol=1e-3)
+            assert float((got.float() - exact.bfloat16().float()).abs().gt(0).float().mean()) \
+                < 0.05  # nearly all outputs are the exact sum's own rounding
+
+
+def test_small_weight_declines_what_the_bfloat16_matmul_cannot_take():
+    kern = dk.load(dtype=torch.bfloat16)
+    w = torch.zeros((40, 64), dtype=torch.bfloat16)  # 40 rows: not whole 16-row blocks
+    assert kern.small_weight(w) is None
+    assert kern.small_weight(torch.zeros((48, 63), dtype=torch.bfloat16)) is None  # odd K
+    assert kern.small_weight(torch.zeros((48, 64))) is None  # float32 into bfloat16's
+    if kern.small_rows:
+        packed = kern.small_weight(torch.zeros((48, 64), dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match="33 rows"):
+            kern.small_linear(torch.zeros((33, 1, 64), dtype=torch.bfloat16), packed, None)
+        with pytest.raises(ValueError, match="do not match"):
+            kern.small_linear(torch.zeros((2, 1, 32), dtype=torch.bfloat16), packed, None)
+
+
+@BF16_SMALL
+def test_a_bfloat16_decoder_takes_the_small_row_matmul_up_to_32_rows(monkeypatch):
+    """Up to 32 rows every block matmul of a step goes through `small_linear` (the head, 260
+    columns, is not whole 16-column blocks and keeps oneDNN's), 33 rows none; the logits
+    stay within bfloat16 rounding of the torch-op decoder's."""
+    model = model_with("llama", 4, 2, 64, seed=5)
+    dec = StaticDecoder(model, dtype=torch.bfloat16, kernels="c")
+    ops = StaticDecoder(model, dtype=torch.bfloat16)
+    calls = []
+    orig = dec._small.small_linear
+    monkeypatch.setattr(dec._small, "small_linear",
+                        lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b))
+    with torch.no_grad():
+        for rows in (33, 32):
+            ids, pad = left_pad([[5 + r % 200, 6, 7 + r % 50] for r in range(rows)])
+            dec.start(ids, pad, 6), ops.start(ids, pad, 6)
+            tok = torch.arange(rows) % 250
+            a, b = dec.step(tok), ops.step(tok)
+            assert float(kl(b, a).max()) < 1e-3
+    assert calls == [32] * (4 * 2)
 
 
 def test_a_shared_prefix_and_capacity_changes_keep_the_fused_steps_right():
