@@ -221,10 +221,11 @@ class LearnerSection(Section):
         "where the positions computed are fewest (shared_prefix.prefix_chunks)")
     frozen_states: Literal["auto", "recompute"] = Field(
         "auto", description="auto: where only the top blocks train (trainable: last:K), "
-        "the proposer's and solver's float32 static decoders keep the hidden states entering "
+        "the proposer's and solver's static decoders keep the hidden states entering "
         "the lowest trained block while they sample, and the learner's forward starts from "
         "them instead of running the frozen blocks again (checked once against its own "
-        "forward; the torch backend, num_ranks 1, autocast none); recompute: the learner "
+        "forward in its own numerics: to 1e-4 of their scale in float32, 2e-2 under "
+        "bfloat16 autocast; the torch backend, num_ranks 1); recompute: the learner "
         "runs every block (engines/frozen_states.py)")
     gradient_checkpointing: bool = Field(False, description="recompute each transformer "
                                          "block's activations in the backward pass instead of "

@@ -3,11 +3,13 @@ learner's lowest trained block k, at every position a sampled sequence's decode 
 
 A learner that trains only blocks k.. (`learner.trainable: last:6` takes SmolLM2's top 6 of
 30) needs, below block k, only the states entering it; those are a function of the tokens
-and of the frozen weights alone, which the generators hold unchanged. A float32 generator
-keeps them while it decodes (`StaticDecoder.capture_layer`) for each sequence's prompt and
+and of the frozen weights alone, which the generators hold unchanged. A generator's static
+decoder (float32 or bfloat16 matmuls; its residual stream is float32 in both) keeps them
+while it decodes (`StaticDecoder.capture_layer`) for each sequence's prompt and
 every completion token but the last (the last one predicts nothing), and the learner starts
 its forward from them (`learner.frozen_states`). The learner compares them once with its own
-frozen forward and stops taking them if they differ by more than `MAX_RELATIVE_DIFF`.
+frozen forward, in its own numerics, and stops taking them if they differ by more than
+`MAX_RELATIVE_DIFF` (float32) or `AUTOCAST_RELATIVE_DIFF` (bfloat16 autocast).
 
 States travel keyed by the sequence's tokens (`states_key`), so the records stay plain JSON
 and a sequence is matched wherever it went (validation, grading, copies). Size: (prompt +
@@ -26,6 +28,11 @@ FrozenStates = Mapping[str, torch.Tensor]  # states_key -> [P + C - 1, H] float3
 # the learner's check of the handed states against its own frozen forward: max |diff| over
 # max |own| (float32 both sides differ by summation order only: ~1e-6 measured)
 MAX_RELATIVE_DIFF = 1e-4
+# the same under bfloat16 autocast, where a bfloat16 decoder's states and the learner's own
+# round in other orders: 4e-5 to 1.2e-4 measured for SmolLM2's block 24 (8 sampled sequences,
+# docs/measurements/bf16-small-rows-2026-12-07e), 3.9e-3 for a random 4-block model of hidden
+# size 64 (tests); states of other weights or positions differ by O(1) (1.8 there)
+AUTOCAST_RELATIVE_DIFF = 2e-2
 
 
 def states_key(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> str:

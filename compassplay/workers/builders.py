@@ -163,11 +163,10 @@ def load_tokenizer(cfg: RunConfig):
 def frozen_states_layer(cfg: RunConfig, model: torch.nn.Module | None) -> int | None:
     """The block whose input states a generator keeps for the learner (`learner.
     frozen_states`): the lowest one `learner.trainable` trains, where that is above block 0
-    and the learner can take them (the torch backend, one rank, no bfloat16 autocast: "auto"
-    is bfloat16 exactly where the decoders are too, and then they keep none); else None."""
+    and the learner can take them (the torch backend, one rank); else None."""
     lc = cfg.learner
     if model is None or lc.frozen_states != "auto" or lc.backend != "torch" or \
-            lc.num_ranks != 1 or lc.autocast == "bfloat16":
+            lc.num_ranks != 1:
         return None
     globs = param_globs(lc.trainable, model)
     if globs is None:

@@ -18,7 +18,7 @@ MICRO = Path(__file__).resolve().parents[2] / "compassplay" / "configs" / "micro
     (["learner.trainable=all"], None),  # every block trains: nothing is frozen
     (["learner.trainable=last:4"], None),  # block 0's input is the embedding itself
     (["learner.trainable=last:1", "learner.frozen_states=recompute"], None),
-    (["learner.trainable=last:1", "learner.autocast=bfloat16"], None),
+    (["learner.trainable=last:1", "learner.autocast=bfloat16"], 3),  # checked in autocast
     (["learner.trainable=last:1", "learner.backend=deepspeed"], None),
 ])
 def test_the_lowest_trained_block_where_the_learner_can_take_its_states(overrides, want):

@@ -108,7 +108,7 @@ class HFGenerationEngine(GenerationEngine):
     same, an error where it cannot) or "torch" (torch ops); `self.decode_kernels` names the
     one in use.
     capture_layer: keep the hidden states entering this block for every sampled sequence
-    (`engines.frozen_states`), where the static decoder runs in float32 (None: keep none);
+    (`engines.frozen_states`), where the static decoder runs (None: keep none);
     `take_states()` hands them out. `self.capture_layer` is the one in force (None where the
     decoder cannot).
     """
@@ -165,14 +165,14 @@ class HFGenerationEngine(GenerationEngine):
 
     def _capture(self, k: int | None) -> int | None:
         """The block whose input states this engine keeps: `k` where the static decoder
-        computes them in float32 (the learner's own precision), else None (logged)."""
+        computes them (its float32 residual stream, with float32 or bfloat16 matmuls), else
+        None (logged)."""
         if k is None:
             return None
         dec = self.static_decoder
-        if dec is None or dec.dtype != torch.float32:
-            log.info("generation: no frozen states for the learner (the %s decoder runs in "
-                     "%s, they are kept from a float32 static decoder)", self.decoder,
-                     self.decode_dtype)
+        if dec is None:
+            log.info("generation: no frozen states for the learner (the %s decoder keeps none; "
+                     "the static decoder does)", self.decoder)
             return None
         dec.set_capture_layer(k)
         return k

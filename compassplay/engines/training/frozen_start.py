@@ -6,28 +6,33 @@ turns a micro-batch's handed states into the `states` input of `token_logprobs_e
 micro-batch is taken from states only when every row has its own, of its length; otherwise
 it runs the full forward (counted in `rows_recomputed`). The first micro-batch taken is
 compared with the model's own forward of the frozen layers: a difference above
-`frozen_states.MAX_RELATIVE_DIFF` of the states' scale (other weights below k, another
+`frozen_states.MAX_RELATIVE_DIFF` of the states' scale (`AUTOCAST_RELATIVE_DIFF` for a
+learner under bfloat16 autocast, checked in its own numerics; other weights below k, another
 precision) turns the hand-over off for the rest of the run, with a warning.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 
 import torch
 
-from compassplay.engines.frozen_states import MAX_RELATIVE_DIFF
+from compassplay.engines.frozen_states import AUTOCAST_RELATIVE_DIFF, MAX_RELATIVE_DIFF
 from compassplay.rewards.frozen_prefix import decoder, forward_entering, lowest_layer_of
 
 log = logging.getLogger(__name__)
 
 
 class FrozenStart:
-    """Per trained model: k, whether the hand-over is on, and its counts."""
+    """Per trained model: k, whether the hand-over is on, and its counts. autocast: the
+    learner's forward dtype under `torch.autocast` (None: none), which its check runs in."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, autocast: torch.dtype | None = None) -> None:
         self.model = model
+        self.autocast = autocast
+        self.tolerance = MAX_RELATIVE_DIFF if autocast is None else AUTOCAST_RELATIVE_DIFF
         dec = decoder(model)
         k = lowest_layer_of(model, [p for p in model.parameters() if p.requires_grad])
         self.k = k if dec is not None and 0 < k < len(dec.layers) else 0
@@ -63,20 +68,23 @@ class FrozenStart:
 
     def _agrees(self, handed: torch.Tensor, batch: dict[str, torch.Tensor]) -> bool:
         """Whether `handed` equals this model's own states entering layer k on the batch's
-        shortest row (one frozen forward of n - 1 positions), to `MAX_RELATIVE_DIFF` of their
-        largest magnitude (logged)."""
+        shortest row (one frozen forward of n - 1 positions, under the learner's autocast),
+        to `tolerance` of their largest magnitude (logged)."""
         lengths = batch["attention_mask"][:, 1:].sum(1)
         j, n = int(lengths.argmin()), int(lengths.min())
-        with torch.no_grad():
-            own = forward_entering(self.model, self.k, input_ids=batch["input_ids"][j:j + 1, :n])
+        ids = batch["input_ids"][j:j + 1, :n]
+        numerics = contextlib.nullcontext() if self.autocast is None else \
+            torch.autocast(ids.device.type, dtype=self.autocast)
+        with torch.no_grad(), numerics:
+            own = forward_entering(self.model, self.k, input_ids=ids).float()
         diff = float((handed[j, :n] - own[0]).abs().max())
         scale = float(own.abs().max())
         self.checked_diff = diff / max(scale, 1e-30)
-        if self.checked_diff > MAX_RELATIVE_DIFF:
+        if self.checked_diff > self.tolerance:
             log.warning("learner.frozen_states: the generators' states entering layer %d differ "
                         "from the learner's own by %.2e of their scale (> %.0e): the learner "
                         "runs every layer from now on", self.k, self.checked_diff,
-                        MAX_RELATIVE_DIFF)
+                        self.tolerance)
             return False
         log.info("learner.frozen_states: forwards start at layer %d from the generators' "
                  "states (checked once: %.1e of their scale from the learner's own)", self.k,

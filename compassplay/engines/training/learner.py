@@ -138,10 +138,10 @@ class PolicyLearner(Learner):
                      "the vocabulary head and log-softmax stay float32",
                      str(self.autocast).removeprefix("torch."), cfg.autocast)
         # learner.frozen_states: forwards from the generators' states (one rank, the torch
-        # backend, float32 forwards: the states are float32 sums of the same weights)
+        # backend; checked once in the forward's own numerics)
         use = getattr(cfg, "frozen_states", "recompute") == "auto" and backend == "torch" \
-            and self.world_size == 1 and self.autocast is None
-        self.frozen = {name: FrozenStart(unwrapped(slot.module)) if use else None
+            and self.world_size == 1
+        self.frozen = {name: FrozenStart(unwrapped(slot.module), self.autocast) if use else None
                        for name, slot in slots.items()}
 
     @property

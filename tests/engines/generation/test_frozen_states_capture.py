@@ -8,7 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compassplay.engines.frozen_states import states_key, states_positions
+from compassplay.engines.frozen_states import (
+    AUTOCAST_RELATIVE_DIFF,
+    states_key,
+    states_positions,
+)
 from compassplay.engines.generation.base import SamplingParams
 from compassplay.engines.generation.hf import HFGenerationEngine
 from compassplay.engines.generation.static_decoder import StaticDecoder
@@ -57,11 +61,34 @@ def test_captured_states_equal_the_module_forward(arch, kernels, tokenizer):
         torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-4)
 
 
-def test_no_states_where_the_decoder_is_not_float32_or_not_static(tokenizer):
+@pytest.mark.parametrize("kernels", ["torch", "auto"])
+def test_a_bfloat16_decoder_keeps_states_within_the_rounding_of_an_autocast_forward(
+        kernels, tokenizer):
+    """The bfloat16 decoder's residual stream is float32, its matmuls bfloat16: the states it
+    keeps are the module's own under bfloat16 autocast up to rounding order (within
+    `AUTOCAST_RELATIVE_DIFF` of their scale, the learner's check), while the states of other
+    weights are over 20 times that far."""
+    model = tiny("llama", seed=2)
+    eng = HFGenerationEngine(model, tokenizer, decode_dtype="bfloat16", decode_kernels=kernels,
+                             capture_layer=1)
+    assert eng.capture_layer == 1 and eng.decode_dtype == "bfloat16"
+    gens = eng.generate(_prompts(), SamplingParams(max_new_tokens=12, temperature=1.0, seed=4))
+    states = eng.take_states()
+    other = tiny("llama", seed=3)  # other weights: the check must tell them apart
+    for g in gens:
+        got = states[states_key(g.prompt_ids, g.completion_ids)]
+        ids = (g.prompt_ids + g.completion_ids)[:-1]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want = module_states(model, 1, ids).float()
+            wrong = module_states(other, 1, ids).float()
+        scale = float(want.abs().max())
+        assert float((got - want).abs().max()) / scale < AUTOCAST_RELATIVE_DIFF
+        assert float((wrong - want).abs().max()) / scale > 20 * AUTOCAST_RELATIVE_DIFF
+
+
+def test_no_states_where_the_decoder_is_not_static(tokenizer):
     model = tiny("llama")
-    assert HFGenerationEngine(model, tokenizer, decoder="hf", capture_layer=1
-                              ).capture_layer is None
-    eng = HFGenerationEngine(model, tokenizer, decode_dtype="bfloat16", capture_layer=1)
+    eng = HFGenerationEngine(model, tokenizer, decoder="hf", capture_layer=1)
     assert eng.capture_layer is None
     eng.generate([[5, 6, 7]], SamplingParams(max_new_tokens=3, seed=0))
     assert eng.take_states() == {}
