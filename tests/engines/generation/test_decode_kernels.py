@@ -145,13 +145,19 @@ def test_the_float32_small_row_matmul_equals_f_linear(rows):
     assert kern.small_weight(w) is w  # float32 reads the weights as they are
 
 
-def test_a_float32_decoder_uses_the_small_row_matmul_up_to_eight_rows(monkeypatch):
-    model = model_with("llama", 4, 2, 64)
-    dec = StaticDecoder(model, kernels="c")
-    calls = []
+def small_linear_rows(monkeypatch, dec: StaticDecoder) -> list[int]:
+    """The row count of every `small_linear` call `dec` makes from now on (appended)."""
+    calls: list[int] = []
     orig = dec._small.small_linear
     monkeypatch.setattr(dec._small, "small_linear",
                         lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b))
+    return calls
+
+
+def test_a_float32_decoder_uses_the_small_row_matmul_up_to_eight_rows(monkeypatch):
+    model = model_with("llama", 4, 2, 64)
+    dec = StaticDecoder(model, kernels="c")
+    calls = small_linear_rows(monkeypatch, dec)
     with torch.no_grad():
         for rows in (9, 8):
             ids, pad = left_pad([[5, 6, 7 + r] for r in range(rows)])  # distinct rows
@@ -222,10 +228,7 @@ def test_a_bfloat16_decoder_takes_the_small_row_matmul_up_to_32_rows(monkeypatch
     model = model_with("llama", 4, 2, 64, seed=5)
     dec = StaticDecoder(model, dtype=torch.bfloat16, kernels="c")
     ops = StaticDecoder(model, dtype=torch.bfloat16)
-    calls = []
-    orig = dec._small.small_linear
-    monkeypatch.setattr(dec._small, "small_linear",
-                        lambda x, w, b: calls.append(x.shape[0]) or orig(x, w, b))
+    calls = small_linear_rows(monkeypatch, dec)
     with torch.no_grad():
         for rows in (33, 32):
             ids, pad = left_pad([[5 + r % 200, 6, 7 + r % 50] for r in range(rows)])
