@@ -6,13 +6,14 @@ in a decode step, and the matmul of a step of a few rows as one pass over the we
 (`small_linear`): in the float32 library up to 8 rows (30 blocks' matmuls on a 2-core AVX2
 Zen 3: 16.5 ms at 4 rows and 21.9 at 8 against oneDNN's packed 22.9 and 27.7, with one
 stream of the weights at 16.5), in a bfloat16 library built for AVX512-BF16 up to 32 (on a
-2-core Zen 4, SmolLM2's blocks and head: 13-15 ms at 12-16 rows against oneDNN's 18-21). One source gives two libraries: activations and KV cache in bfloat16 (the
-decoder on CPUs with native bfloat16 dot products) or in float32 (`-DCP_FLOAT32`: CPUs
-without, such as AVX2-only laptops). Each is compiled once per machine with the system's C
-compiler (`$CC`, else `cc`/`gcc`; about 1 s: no torch headers) for this CPU
-(`-march=native`), kept in `<cache>/decode_kernels/` under a key of the source, variant,
-compiler and CPU, and loaded with `ctypes`. The library links `libgomp.so.1`, which resolves to the OpenMP runtime torch has
-already loaded, so its parallel loops use torch's threads and thread count.
+2-core Zen 4, SmolLM2's blocks and head: 13-15 ms at 12-16 rows against oneDNN's 18-21).
+One source gives two libraries: activations and KV cache in bfloat16 (the decoder on CPUs
+with native bfloat16 dot products) or in float32 (`-DCP_FLOAT32`: CPUs without, such as
+AVX2-only laptops). Each is compiled once per machine with the system's C compiler (`$CC`,
+else `cc`/`gcc`; about 1 s: no torch headers) for this CPU (`-march=native`), kept in
+`<cache>/decode_kernels/` under a key of the source, variant, compiler and CPU, and loaded
+with `ctypes`. The library links `libgomp.so.1`, which resolves to the OpenMP runtime torch
+has already loaded, so its parallel loops use torch's threads and thread count.
 
 Where there is no compiler, or the build or its load fails, `load()` returns None with one log
 line and the decoder keeps its torch ops (the same results up to summation order; see
