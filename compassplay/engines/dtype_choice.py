@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -266,13 +267,7 @@ def resolve_decoding(choice: str, model: torch.nn.Module, cache_dir: Path | None
     """A static decoder's (matmul dtype, float32 packing) for `decode_dtype` = `choice`:
     `resolve_decode_dtype`, then, for a float32 decoder, `resolve_float32_pack` ("mkl", unused,
     for a bfloat16 one), from one read of the kept measurement."""
-    kept: list[dict] = []
-
-    def measured() -> dict:
-        if not kept:
-            kept.append(measured_choice(model, cache_dir))
-        return kept[0]
-
+    measured = functools.cache(lambda: measured_choice(model, cache_dir))
     dtype = _resolve("decode_dtype", DECODE_DTYPES, choice, model, measured, static_only=True)
     return dtype, (_float32_pack(model, measured) if dtype is None else "mkl")
 

@@ -13,7 +13,6 @@ precision) turns the hand-over off for the rest of the run, with a warning.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -73,9 +72,9 @@ class FrozenStart:
         lengths = batch["attention_mask"][:, 1:].sum(1)
         j, n = int(lengths.argmin()), int(lengths.min())
         ids = batch["input_ids"][j:j + 1, :n]
-        numerics = contextlib.nullcontext() if self.autocast is None else \
-            torch.autocast(ids.device.type, dtype=self.autocast)
-        with torch.no_grad(), numerics:
+        with torch.no_grad(), torch.autocast(ids.device.type,
+                                             dtype=self.autocast or torch.bfloat16,
+                                             enabled=self.autocast is not None):
             own = forward_entering(self.model, self.k, input_ids=ids).float()
         diff = float((handed[j, :n] - own[0]).abs().max())
         scale = float(own.abs().max())
