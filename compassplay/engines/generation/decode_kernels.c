@@ -208,7 +208,7 @@ void cp_exp(const float *x, float *y, int64_t n) {
 }
 
 #ifdef CP_FLOAT32
-enum { SMALL_ROWS = 8 };  /* rows `cp_small_linear` serves: W is read once for all of them */
+enum { SMALL_ROWS = 32 };  /* rows the float32 `cp_small_linear` serves */
 #elif defined(__AVX512BF16__)
 enum { SMALL_ROWS = 32 };  /* rows the bfloat16 `cp_small_linear` serves */
 #else
@@ -219,52 +219,93 @@ enum { SMALL_ROWS = 0 };  /* a bfloat16 library without AVX512-BF16: no small-ro
 int64_t cp_small_rows(void) { return SMALL_ROWS; }
 
 #ifdef CP_FLOAT32
+/* The float32 small-row matmul works on panels of PANEL weight rows (two vectors of VW
+   floats: 16-float vectors and up to 12 rows of x per tile with AVX512's 32 registers, else
+   8-float vectors and up to 6 rows, 12 of 16 registers holding sums). */
+#ifdef __AVX512F__
+enum { VW = 16, TILE_ROWS = 12 };
+#else
+enum { VW = 8, TILE_ROWS = 6 };
+#endif
+enum { PANEL = 2 * VW };
+typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 
-/* Rows r0.. of y [M, N] = x [M, K] W^T (+ b), R <= 4 or 8 of them (ROWS accumulators; rows
-   past M alias row 0 and are not stored). */
-#define SMALL_LOOP(ROWS)                                                                  \
+static inline vf load_vf(const float *p) {
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The number of weight rows in a panel (`cp_pack_panels`: N must be a multiple of it). */
+int64_t cp_panel_rows(void) { return PANEL; }
+
+/* W [N, K] float32 (N % PANEL == 0) -> p [N / PANEL][K][PANEL]: each panel's PANEL weights
+   of one input column side by side (two vector loads). */
+void cp_pack_panels(const float *w, float *p, int64_t n, int64_t k) {
+#pragma omp parallel for schedule(static)
+    for (int64_t nb = 0; nb < n / PANEL; nb++)
+        for (int64_t c = 0; c < k; c++)
+            for (int64_t l = 0; l < PANEL; l++)
+                p[(nb * k + c) * PANEL + l] = w[(nb * PANEL + l) * k + c];
+}
+
+/* Rows m0..m0+MR-1 of y against panel nb: 2 x MR vector sums in registers, each column's
+   two weight vectors loaded once for the MR rows. The first tile of a panel prefetches the
+   next panel (pf, NULL for none), so that its stream from memory overlaps this panel's
+   arithmetic. */
+#define PANEL_TILE(MR)                                                                    \
     {                                                                                     \
-        const float *xr[8];                                                               \
-        for (int r = 0; r < 8; r++) xr[r] = x + (r < m ? r : 0) * k;                      \
-        const float *x0 = xr[0], *x1 = xr[1], *x2 = xr[2], *x3 = xr[3], *x4 = xr[4],      \
-                    *x5 = xr[5], *x6 = xr[6], *x7 = xr[7];                                \
-        (void)x4; (void)x5; (void)x6; (void)x7;                                           \
-        _Pragma("omp parallel for schedule(static)")                                      \
-        for (int64_t j = 0; j < n; j++) {                                                 \
-            const float *wr = w + j * k;                                                  \
-            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f, a4 = 0.0f, a5 = 0.0f,       \
-                  a6 = 0.0f, a7 = 0.0f;                                                   \
-            _Pragma("omp simd reduction(+ : a0, a1, a2, a3, a4, a5, a6, a7)")             \
-            for (int64_t i = 0; i < k; i++) {                                             \
-                const float wv = wr[i];                                                   \
-                a0 += wv * x0[i];                                                         \
-                a1 += wv * x1[i];                                                         \
-                a2 += wv * x2[i];                                                         \
-                a3 += wv * x3[i];                                                         \
-                if (ROWS > 4) {                                                           \
-                    a4 += wv * x4[i];                                                     \
-                    a5 += wv * x5[i];                                                     \
-                    a6 += wv * x6[i];                                                     \
-                    a7 += wv * x7[i];                                                     \
-                }                                                                         \
+        vf a0[MR], a1[MR];                                                                \
+        for (int r = 0; r < MR; r++) a0[r] = a1[r] = (vf){0};                             \
+        const float *xm = x + m0 * k;                                                     \
+        for (int64_t c = 0; c < k; c++) {                                                 \
+            const vf w0 = load_vf(wb + c * PANEL), w1 = load_vf(wb + c * PANEL + VW);     \
+            if (pf) {                                                                     \
+                __builtin_prefetch(pf + c * PANEL, 0, 3);                                 \
+                if (VW == 16) __builtin_prefetch(pf + c * PANEL + VW, 0, 3);              \
             }                                                                             \
-            const float acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};                        \
-            const float bj = b ? b[j] : 0.0f;                                             \
-            for (int64_t r = 0; r < m; r++) y[r * n + j] = acc[r] + bj;                   \
+            _Pragma("GCC unroll 12") for (int r = 0; r < MR; r++) {                       \
+                const float xs = xm[r * k + c];                                           \
+                a0[r] += w0 * xs;                                                         \
+                a1[r] += w1 * xs;                                                         \
+            }                                                                             \
         }                                                                                 \
+        for (int r = 0; r < MR; r++) {                                                    \
+            float *yr = y + (m0 + r) * n + nb * PANEL;                                    \
+            const vf s0 = a0[r] + bias0, s1 = a1[r] + bias1;                              \
+            memcpy(yr, &s0, sizeof s0);                                                   \
+            memcpy(yr + VW, &s1, sizeof s1);                                              \
+        }                                                                                 \
+        pf = NULL;                                                                        \
+        m0 += MR;                                                                         \
     }
 
-/* y [M, N] = x [M, K] W^T (+ b [N] when not NULL), W [N, K] float32, 1 <= M <= SMALL_ROWS.
-   A decode step of a few rows is a weight stream: each thread reads its share of W's rows
-   once and keeps M dot products per row (4 accumulators up to 4 rows, 8 above), where a
-   blocked GEMM packs and re-reads. Sums in another order than oneDNN's or MKL's (float32,
-   no rounding). */
-void cp_small_linear(const float *x, const float *w, const float *b, float *y, int64_t m,
+/* y [M, N] = x [M, K] W^T (+ b [N] when not NULL), 1 <= M <= SMALL_ROWS, W given as
+   p = `cp_pack_panels(W)`. A decode step of a few rows: each thread takes whole panels and
+   every row of x against each, in tiles of TILE_ROWS (then 8, 4, 2, 1) rows. Float32 sums
+   over K in order, another order than oneDNN's or MKL's (no rounding). */
+void cp_small_linear(const float *x, const float *p, const float *b, float *y, int64_t m,
                      int64_t n, int64_t k) {
-    if (m <= 4)
-        SMALL_LOOP(4)
-    else
-        SMALL_LOOP(8)
+#pragma omp parallel for schedule(static)
+    for (int64_t nb = 0; nb < n / PANEL; nb++) {
+        const float *wb = p + nb * k * PANEL;
+        const float *pf = nb + 1 < n / PANEL ? wb + k * PANEL : NULL;
+        const vf bias0 = b ? load_vf(b + nb * PANEL) : (vf){0};
+        const vf bias1 = b ? load_vf(b + nb * PANEL + VW) : (vf){0};
+        for (int64_t m0 = 0; m0 < m;) {
+            const int64_t left = m - m0;
+            if (left >= TILE_ROWS)
+                PANEL_TILE(TILE_ROWS)
+            else if (TILE_ROWS > 8 && left >= 8)
+                PANEL_TILE(8)
+            else if (left >= 4)
+                PANEL_TILE(4)
+            else if (left >= 2)
+                PANEL_TILE(2)
+            else
+                PANEL_TILE(1)
+        }
+    }
 }
 #endif
 

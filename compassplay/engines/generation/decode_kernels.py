@@ -3,10 +3,13 @@
 `decode_kernels.c` holds three functions (residual add + RMS norm, rotary embedding + KV write
 + attention, SiLU x up) that replace the ~30 small torch ops between a block's four matmuls
 in a decode step, and the matmul of a step of a few rows as one pass over the weights
-(`small_linear`): in the float32 library up to 8 rows (30 blocks' matmuls on a 2-core AVX2
-Zen 3: 16.5 ms at 4 rows and 21.9 at 8 against oneDNN's packed 22.9 and 27.7, with one
-stream of the weights at 16.5), in a bfloat16 library built for AVX512-BF16 up to 32 (on a
-2-core Zen 4, SmolLM2's blocks and head: 13-15 ms at 12-16 rows against oneDNN's 18-21).
+(`small_linear`, up to 32 rows, from a copy of each weight in its layout). In the float32
+library the copy is panels of 16 weight rows (32 with AVX512), each thread takes whole panels
+against tiles of up to 6 (12) rows and prefetches its next panel while it works (an AVX2
+build on a 2-core Zen 4, SmolLM2's blocks and head: 20 ms at 4 rows and 38 at 16 against
+oneDNN's packed 44 and 50, one stream of the weights taking 17.5;
+docs/measurements/avx2-panels-2026-12-07f). In a bfloat16 library built for AVX512-BF16
+(on a 2-core Zen 4: 13-15 ms at 12-16 rows against oneDNN's 18-21).
 One source gives two libraries: activations and KV cache in bfloat16 (the decoder on CPUs
 with native bfloat16 dot products) or in float32 (`-DCP_FLOAT32`: CPUs without, such as
 AVX2-only laptops). Each is compiled once per machine with the system's C compiler (`$CC`,
@@ -131,16 +134,22 @@ class DecodeKernels:
         lib.cp_exp.argtypes = [_P, _P, _I]
         for fn in (lib.cp_add_rms, lib.cp_rope_attend, lib.cp_silu_mul, lib.cp_exp):
             fn.restype = None
-        # the matmul of a decode step of a few rows (`small_linear`): up to 8 rows in the
-        # float32 library, 32 in a bfloat16 one built for AVX512-BF16, none otherwise
+        # the matmul of a decode step of a few rows (`small_linear`): up to 32 rows in the
+        # float32 library and in a bfloat16 one built for AVX512-BF16, none otherwise
         lib.cp_small_rows.argtypes, lib.cp_small_rows.restype = [], _I
         self.small_rows = int(lib.cp_small_rows())
         if self.small_rows:
             lib.cp_small_linear.argtypes = [_P, _P, _P, _P, _I, _I, _I]
             lib.cp_small_linear.restype = None
-        if self.small_rows and dtype == torch.bfloat16:
-            lib.cp_pack_pairs.argtypes = [_P, _P, _I, _I]
-            lib.cp_pack_pairs.restype = None
+        # the weight layout it reads: 16-row blocks of column pairs (bfloat16), or panels of
+        # `panel_rows` rows (float32: 16, or 32 where the compiler targets AVX512)
+        self._pack, self.panel_rows = None, 16
+        if self.small_rows:
+            self._pack = lib.cp_pack_pairs if dtype == torch.bfloat16 else lib.cp_pack_panels
+            self._pack.argtypes, self._pack.restype = [_P, _P, _I, _I], None
+        if self.small_rows and dtype == torch.float32:
+            lib.cp_panel_rows.argtypes, lib.cp_panel_rows.restype = [], _I
+            self.panel_rows = int(lib.cp_panel_rows())
         self.path = path
         self.dtype = dtype
         self._lib = lib
@@ -173,26 +182,26 @@ class DecodeKernels:
         self._lib.cp_silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
 
     def small_weight(self, w: torch.Tensor) -> torch.Tensor | None:
-        """w [N, K] in the layout `small_linear` reads, or None where it cannot take w: w
-        itself in float32; in bfloat16 a copy with each 16-row block's column pairs side by
-        side (`cp_pack_pairs`; N a multiple of 16, K even)."""
-        if not self.small_rows or w.dtype != self.dtype or w.dim() != 2 or \
+        """w [N, K] copied once into the layout `small_linear` reads, or None where it
+        cannot take w: in bfloat16 each 16-row block's column pairs side by side
+        (`cp_pack_pairs`; N a multiple of 16, K even), in float32 panels of `panel_rows`
+        rows, each input column's weights side by side (`cp_pack_panels`; N a multiple of
+        `panel_rows`)."""
+        if self._pack is None or w.dtype != self.dtype or w.dim() != 2 or \
                 not w.is_contiguous() or w.device.type != "cpu":
             return None
-        if self.dtype == torch.float32:
-            return w
         n, k = w.shape
-        if n % 16 or k % 2:
+        if n % self.panel_rows or (self.dtype == torch.bfloat16 and k % 2):
             return None
         packed = torch.empty_like(w)
-        self._lib.cp_pack_pairs(w.data_ptr(), packed.data_ptr(), n, k)
+        self._pack(w.data_ptr(), packed.data_ptr(), n, k)
         return packed
 
     def small_linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None
                      ) -> torch.Tensor:
         """x [M, 1, K] @ W [N, K]^T + b [N] -> [M, 1, N] in the library's dtype,
         1 <= M <= `small_rows`, w = `small_weight(W)`: one pass over the weights for the M
-        rows (bfloat16: float32 sums, one rounding)."""
+        rows (float32 sums; bfloat16: one rounding at the end)."""
         rows, n, k = x.shape[0], w.shape[0], w.shape[1]
         if not 0 < rows <= self.small_rows:
             raise ValueError(f"small_linear: {rows} rows (1..{self.small_rows})")

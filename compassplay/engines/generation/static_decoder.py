@@ -120,7 +120,7 @@ class StaticDecoder:
         for B rows (`pack_kind`): a fraction of `F.linear`'s time at B <= 64, where the
         unpacked kernel re-packs every call (MKL's: the same sums; oneDNN's float32: another
         summation order). With the kernels, a step of at most `small_rows` rows streams the
-        weights once instead (`DecodeKernels.small_linear`: float32 up to 8 rows; bfloat16
+        weights once instead (`DecodeKernels.small_linear`: float32 up to 32 rows, bfloat16
         up to 32 on AVX512-BF16, from a copy in its layout made once per weight)."""
         rows = x.shape[0]
         if self.pack is None or x.shape[1] != 1 or x.device.type != "cpu":

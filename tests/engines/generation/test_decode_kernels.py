@@ -126,23 +126,33 @@ def test_float32_fused_steps_equal_the_float32_torch_ops_up_to_summation_order(
     assert torch.allclose(fused._v[:, :, :, :t], ops._v[:, :, :, :t], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 11, 12, 13, 16, 25, 32])
 def test_the_float32_small_row_matmul_equals_f_linear(rows):
-    """`small_linear` (a float32 decode step of at most 8 rows, one pass over the weights;
-    4 accumulators up to 4 rows, 8 above) against `F.linear`: float32 summation order only,
-    with and without a bias."""
+    """The float32 `small_linear` (a decode step of at most 32 rows over weight panels; row
+    tiles of 12, 8, 4, 2, 1 with AVX512 and 6, 4, 2, 1 without) against `F.linear`: float32
+    summation order only, with and without a bias, for one panel and for many."""
     kern = dk.load(dtype=torch.float32)
-    assert kern is not None and kern.small_rows == 8
+    assert kern is not None and kern.small_rows == 32 and kern.panel_rows in (16, 32)
     g = torch.Generator().manual_seed(rows)
-    x, w, b = (torch.randn(s, generator=g) for s in ((rows, 1, 576), (960, 576), (960,)))
-    for bias in (None, b):
-        want = torch.nn.functional.linear(x, w, bias)
-        torch.testing.assert_close(kern.small_linear(x, w, bias), want, atol=1e-4, rtol=1e-5)
-    with pytest.raises(ValueError, match="9 rows"):
-        kern.small_linear(torch.zeros((9, 1, 576)), w, None)
+    for n, k in ((960, 576), (kern.panel_rows, 7)):
+        x, w, b = (torch.randn(s, generator=g) for s in ((rows, 1, k), (n, k), (n,)))
+        packed = kern.small_weight(w)
+        assert packed is not None and packed.shape == w.shape and not torch.equal(packed, w)
+        for bias in (None, b):
+            want = torch.nn.functional.linear(x, w, bias)
+            torch.testing.assert_close(kern.small_linear(x, packed, bias), want, atol=1e-4,
+                                       rtol=1e-5)
+    with pytest.raises(ValueError, match="33 rows"):
+        kern.small_linear(torch.zeros((33, 1, 7)), packed, None)
     with pytest.raises(ValueError, match="w must be a contiguous torch.float32"):
-        kern.small_linear(x, w.t().contiguous().t(), None)
-    assert kern.small_weight(w) is w  # float32 reads the weights as they are
+        kern.small_linear(x, packed.t().contiguous().t(), None)
+
+
+def test_the_float32_small_weight_declines_what_is_not_whole_panels():
+    kern = dk.load(dtype=torch.float32)
+    assert kern.small_weight(torch.zeros((kern.panel_rows + 8, 64))) is None
+    assert kern.small_weight(torch.zeros((kern.panel_rows, 64), dtype=torch.bfloat16)) is None
+    assert kern.small_weight(torch.zeros((64, kern.panel_rows)).t()) is None  # not contiguous
 
 
 def small_linear_rows(monkeypatch, dec: StaticDecoder) -> list[int]:
@@ -154,17 +164,28 @@ def small_linear_rows(monkeypatch, dec: StaticDecoder) -> list[int]:
     return calls
 
 
-def test_a_float32_decoder_uses_the_small_row_matmul_up_to_eight_rows(monkeypatch):
+def test_a_float32_decoder_takes_the_small_row_matmul_up_to_32_rows(monkeypatch):
+    """Up to 32 rows every matmul of a step whose weight is whole panels goes through
+    `small_linear` (33 rows none), and the logits stay within float32 summation order of the
+    torch-op decoder's."""
     model = model_with("llama", 4, 2, 64)
     dec = StaticDecoder(model, kernels="c")
+    ops = StaticDecoder(model)
     calls = small_linear_rows(monkeypatch, dec)
+    panels = [dec._small.small_weight(w) is not None
+              for b in dec.blocks for w in (b.wqkv, b.wo, b.wgu, b.wd)]
+    assert all(panels)  # this model's block weights are whole panels
+    head = dec._small.small_weight(dec.head) is not None
     with torch.no_grad():
-        for rows in (9, 8):
-            ids, pad = left_pad([[5, 6, 7 + r] for r in range(rows)])  # distinct rows
-            dec.start(ids, pad, 6)
-            dec.step(torch.arange(rows))
-    # 8 rows: the prefill's head, then the step's 4 matmuls in each of 2 blocks and its head
-    assert set(calls) == {8} and len(calls) == 1 + 4 * 2 + 1
+        for rows in (33, 32):
+            ids, pad = left_pad([[5 + r % 200, 6, 7 + r % 50] for r in range(rows)])
+            dec.start(ids, pad, 6), ops.start(ids, pad, 6)
+            tok = torch.arange(rows) % 250
+            a, b = dec.step(tok), ops.step(tok)
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    # 32 rows: the prefill's head (if whole panels), the step's 4 matmuls in each of 2
+    # blocks, its head
+    assert calls == [32] * (int(head) + 4 * 2 + int(head))
 
 
 def avx512_bf16() -> bool:
