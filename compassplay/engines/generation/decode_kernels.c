@@ -20,11 +20,12 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if !defined(CP_FLOAT32) && defined(__AVX512BF16__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
 enum { COLS = 64 };  /* cached columns whose scores one pass over K^T sums at once */
+enum { DV = 64 };    /* value columns whose weighted sums one pass over V keeps */
 
 #ifdef CP_FLOAT32
 typedef float act;
@@ -51,6 +52,51 @@ static inline act st(float f) {
 
 static inline float rnd(float f) { return ld(st(f)); }
 #endif
+
+/* VL float32 lanes (a GCC vector: 16 with AVX512, else 8) and a load of VL `act` values
+   into them (bfloat16: zero-extended and shifted, exactly as `ld`). */
+#if defined(__AVX512F__)
+enum { VL = 16 };
+#else
+enum { VL = 8 };
+#endif
+typedef float vfl __attribute__((vector_size(VL * sizeof(float))));
+#ifdef CP_FLOAT32
+static inline vfl ldv(const act *p) {
+    vfl v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+#elif defined(__AVX512F__)
+static inline vfl ldv(const act *p) {
+    const __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    return (vfl)_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#elif defined(__AVX2__)
+static inline vfl ldv(const act *p) {
+    const __m128i h = _mm_loadu_si128((const __m128i *)p);
+    return (vfl)_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#else
+static inline vfl ldv(const act *p) {
+    vfl v;
+    for (int l = 0; l < VL; l++) v[l] = ld(p[l]);
+    return v;
+}
+#endif
+
+/* x in every lane. */
+static inline vfl splat(float x) {
+#if defined(__AVX512F__)
+    return (vfl)_mm512_set1_ps(x);
+#elif defined(__AVX2__)
+    return (vfl)_mm256_set1_ps(x);
+#else
+    vfl v;
+    for (int l = 0; l < VL; l++) v[l] = x;
+    return v;
+#endif
+}
 
 /* e^x in float32 within 2 ulp (Cody-Waite reduction, Cephes' degree-6 polynomial), written
    so that loops over it vectorize (libm's expf does not); 0 below -87.3 (where e^x is a
@@ -131,23 +177,30 @@ void cp_rope_attend(const act *qkv, const float *cos_t, const float *sin_t,
                     q[g][j] = rnd(ld(qin[j]) * c[j] + rot * s[j]);
                 }
             }
-            /* scores, COLS cached columns at a time: their sums stay in registers while the
-               d rows of K^T stream past */
+            /* scores, COLS cached columns at a time: their sums stay in registers (COLS / VL
+               vectors) while the d rows of K^T stream past */
             for (int64_t u0 = 0; u0 < n; u0 += COLS) {
                 const int64_t w = n - u0 < COLS ? n - u0 : COLS;
                 for (int64_t g = 0; g < group; g++) {
-                    float a[COLS] = {0.0f};
-                    for (int64_t j = 0; j < d; j++) {
-                        const float qj = q[g][j];
-                        const act *kj = K + j * cap + u0;
-                        if (w == COLS) {
-#pragma omp simd
-                            for (int64_t l = 0; l < COLS; l++) a[l] += qj * ld(kj[l]);
-                        } else {
+                    float *sg = sc + g * cap + u0;
+                    if (w == COLS) {
+                        vfl a[COLS / VL];
+                        for (int i = 0; i < COLS / VL; i++) a[i] = (vfl){0};
+                        for (int64_t j = 0; j < d; j++) {
+                            const vfl qj = splat(q[g][j]);
+                            const act *kj = K + j * cap + u0;
+                            for (int i = 0; i < COLS / VL; i++) a[i] += qj * ldv(kj + VL * i);
+                        }
+                        memcpy(sg, a, sizeof a);
+                    } else {
+                        float a[COLS] = {0.0f};
+                        for (int64_t j = 0; j < d; j++) {
+                            const float qj = q[g][j];
+                            const act *kj = K + j * cap + u0;
                             for (int64_t l = 0; l < w; l++) a[l] += qj * ld(kj[l]);
                         }
+                        for (int64_t l = 0; l < w; l++) sg[l] = a[l];
                     }
-                    for (int64_t l = 0; l < w; l++) sc[g * cap + u0 + l] = a[l];
                 }
             }
             const float *mask = bias + b * cap;
@@ -167,21 +220,34 @@ void cp_rope_attend(const act *qkv, const float *cos_t, const float *sin_t,
 #pragma omp simd
                 for (int64_t u = 0; u < n; u++) sg[u] = rnd(sg[u] * inv);
             }
-            float acc[group][d];
-            for (int64_t g = 0; g < group; g++)
-                for (int64_t j = 0; j < d; j++) acc[g][j] = 0.0f;
-            for (int64_t u = 0; u < n; u++) {  /* weights x values, a cached column at a time */
-                const act *vu = V + u * d;
-                for (int64_t g = 0; g < group; g++) {
-                    const float p = sc[g * cap + u];
-                    if (p == 0.0f) continue;
-#pragma omp simd
-                    for (int64_t j = 0; j < d; j++) acc[g][j] += p * ld(vu[j]);
-                }
-            }
+            /* weights x values: DV value columns of one head at a time summed in registers
+               (DV / VL vectors) over the cached columns in order; the rest of d (when d is
+               not a multiple of DV) a column at a time */
+            const int64_t dv = d - d % DV;
             for (int64_t g = 0; g < group; g++) {
+                const float *pg = sc + g * cap;
                 act *o = out + b * nh * d + (h * group + g) * d;
-                for (int64_t j = 0; j < d; j++) o[j] = st(acc[g][j]);
+                for (int64_t j0 = 0; j0 < dv; j0 += DV) {
+                    vfl a[DV / VL];
+                    for (int i = 0; i < DV / VL; i++) a[i] = (vfl){0};
+                    for (int64_t u = 0; u < n; u++) {
+                        const float p = pg[u];
+                        if (p == 0.0f) continue;
+                        const vfl pv = splat(p);
+                        const act *vu = V + u * d + j0;
+                        for (int i = 0; i < DV / VL; i++) a[i] += pv * ldv(vu + VL * i);
+                    }
+                    const float *af = (const float *)a;
+                    for (int64_t j = 0; j < DV; j++) o[j0 + j] = st(af[j]);
+                }
+                for (int64_t j = dv; j < d; j++) {
+                    float a = 0.0f;
+                    for (int64_t u = 0; u < n; u++) {
+                        const float p = pg[u];
+                        if (p != 0.0f) a += p * ld(V[u * d + j]);
+                    }
+                    o[j] = st(a);
+                }
             }
         }
     }
