@@ -144,20 +144,62 @@ void cp_add_rms(float *x, const act *delta, const float *w, act *out, int64_t ro
     }
 }
 
+/* The scores q.k of a KV group's heads (q [group, d]) against cached columns lo..hi-1 whose
+   transposed keys are at kt (component j of column u's key at kt[j C + u]), into
+   sc[g C + u]: COLS columns at a time, their sums in registers (COLS / VL vectors) while the
+   d rows of K^T stream past. Each column's sum runs over j in order. */
+static void scores(const float *q, int64_t group, int64_t d, const act *kt, int64_t cap,
+                   int64_t lo, int64_t hi, float *sc) {
+    for (int64_t u0 = lo; u0 < hi; u0 += COLS) {
+        const int64_t w = hi - u0 < COLS ? hi - u0 : COLS;
+        for (int64_t g = 0; g < group; g++) {
+            const float *qg = q + g * d;
+            float *sg = sc + g * cap + u0;
+            if (w == COLS) {
+                vfl a[COLS / VL];
+                for (int i = 0; i < COLS / VL; i++) a[i] = (vfl){0};
+                for (int64_t j = 0; j < d; j++) {
+                    const vfl qj = splat(qg[j]);
+                    const act *kj = kt + j * cap + u0;
+                    for (int i = 0; i < COLS / VL; i++) a[i] += qj * ldv(kj + VL * i);
+                }
+                memcpy(sg, a, sizeof a);
+            } else {
+                float a[COLS] = {0.0f};
+                for (int64_t j = 0; j < d; j++) {
+                    const float qj = qg[j];
+                    const act *kj = kt + j * cap + u0;
+                    for (int64_t l = 0; l < w; l++) a[l] += qj * ld(kj[l]);
+                }
+                for (int64_t l = 0; l < w; l++) sg[l] = a[l];
+            }
+        }
+    }
+}
+
+/* Where row b's step reads its cached columns: its own cache, except columns lo..hi-1,
+   which are row src's columns lo + off..hi - 1 + off (the same keys and values: rows of one
+   prompt, or a prompt prefix computed once), and nothing before `first` (pad columns, masked:
+   their attention weights are 0). reads [B, 5] int64 = (first, src, lo, hi, off). */
+enum { READ_FIRST, READ_SRC, READ_LO, READ_HI, READ_OFF, READ_FIELDS };
+
 /* One decode step's attention for the new column t of every row.
    qkv [B, (nh + 2 nkv) d] act: the fused projection (queries, keys, values).
    cos, sin [C, d] float32 rotary tables (sin signed: its first half negated), pos [B] int64.
    kc [B, nkv, d, C] (keys, transposed) and vc [B, nkv, C, d] act: the block's cache;
-   column t is written here. bias [B, C] float32 (0 or -inf: pad columns).
-   scratch [B nkv, (nh / nkv) C] float32. out [B, nh d] act. */
+   column t is written here. bias [B, C] float32 (0 or -inf: pad columns). reads [B, 5]
+   int64: which cached columns each row reads from where (READ_*; the caller keeps the
+   columns it names written and equal). scratch [B nkv, (nh / nkv) C] float32.
+   out [B, nh d] act. The items run KV head by KV head, so that the rows that read one
+   source row's columns follow each other and find them in cache. */
 void cp_rope_attend(const act *qkv, const float *cos_t, const float *sin_t,
-                    const int64_t *pos, act *kc, act *vc, const float *bias, float *scratch,
-                    act *out, int64_t rows, int64_t nh, int64_t nkv, int64_t d, int64_t cap,
-                    int64_t t, float scale) {
+                    const int64_t *pos, act *kc, act *vc, const float *bias,
+                    const int64_t *reads, float *scratch, act *out, int64_t rows, int64_t nh,
+                    int64_t nkv, int64_t d, int64_t cap, int64_t t, float scale) {
     const int64_t group = nh / nkv, n = t + 1, width = (nh + 2 * nkv) * d, half = d / 2;
 #pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < rows; b++) {
-        for (int64_t h = 0; h < nkv; h++) {
+    for (int64_t h = 0; h < nkv; h++) {
+        for (int64_t b = 0; b < rows; b++) {
             const act *row = qkv + b * width;
             const float *c = cos_t + pos[b] * d, *s = sin_t + pos[b] * d;
             act *K = kc + (b * nkv + h) * d * cap;
@@ -169,40 +211,27 @@ void cp_rope_attend(const act *qkv, const float *cos_t, const float *sin_t,
                 K[j * cap + t] = st(ld(kin[j]) * c[j] + rot * s[j]);
                 V[t * d + j] = vin[j];
             }
-            float q[group][d];
+            float q[group * d];
             for (int64_t g = 0; g < group; g++) {
                 const act *qin = row + (h * group + g) * d;
                 for (int64_t j = 0; j < d; j++) {
                     const float rot = ld(qin[j < half ? j + half : j - half]);
-                    q[g][j] = rnd(ld(qin[j]) * c[j] + rot * s[j]);
+                    q[g * d + j] = rnd(ld(qin[j]) * c[j] + rot * s[j]);
                 }
             }
-            /* scores, COLS cached columns at a time: their sums stay in registers (COLS / VL
-               vectors) while the d rows of K^T stream past */
-            for (int64_t u0 = 0; u0 < n; u0 += COLS) {
-                const int64_t w = n - u0 < COLS ? n - u0 : COLS;
-                for (int64_t g = 0; g < group; g++) {
-                    float *sg = sc + g * cap + u0;
-                    if (w == COLS) {
-                        vfl a[COLS / VL];
-                        for (int i = 0; i < COLS / VL; i++) a[i] = (vfl){0};
-                        for (int64_t j = 0; j < d; j++) {
-                            const vfl qj = splat(q[g][j]);
-                            const act *kj = K + j * cap + u0;
-                            for (int i = 0; i < COLS / VL; i++) a[i] += qj * ldv(kj + VL * i);
-                        }
-                        memcpy(sg, a, sizeof a);
-                    } else {
-                        float a[COLS] = {0.0f};
-                        for (int64_t j = 0; j < d; j++) {
-                            const float qj = q[g][j];
-                            const act *kj = K + j * cap + u0;
-                            for (int64_t l = 0; l < w; l++) a[l] += qj * ld(kj[l]);
-                        }
-                        for (int64_t l = 0; l < w; l++) sg[l] = a[l];
-                    }
-                }
-            }
+            /* three runs of columns: own first..lo-1, the source's lo..hi-1, own hi..t */
+            const int64_t *rd = reads + b * READ_FIELDS;
+            const int64_t first = rd[READ_FIRST] < n ? rd[READ_FIRST] : n;
+            const int64_t lo = rd[READ_LO] < first ? first : rd[READ_LO] < n ? rd[READ_LO] : n;
+            const int64_t hi = rd[READ_HI] < lo ? lo : rd[READ_HI] < n ? rd[READ_HI] : n;
+            const int64_t src = rd[READ_SRC], off = rd[READ_OFF];
+            const act *kt[3] = {K, kc + (src * nkv + h) * d * cap + off, K};
+            const act *vt[3] = {V, vc + (src * nkv + h) * cap * d + off * d, V};
+            const int64_t run_lo[3] = {first, lo, hi}, run_hi[3] = {lo, hi, n};
+            for (int64_t g = 0; g < group; g++)
+                for (int64_t u = 0; u < first; u++) sc[g * cap + u] = -INFINITY;
+            for (int r = 0; r < 3; r++)
+                scores(q, group, d, kt[r], cap, run_lo[r], run_hi[r], sc);
             const float *mask = bias + b * cap;
             for (int64_t g = 0; g < group; g++) {  /* softmax in float32, weights to act */
                 float *sg = sc + g * cap, top = -INFINITY, sum = 0.0f;
@@ -230,22 +259,24 @@ void cp_rope_attend(const act *qkv, const float *cos_t, const float *sin_t,
                 for (int64_t j0 = 0; j0 < dv; j0 += DV) {
                     vfl a[DV / VL];
                     for (int i = 0; i < DV / VL; i++) a[i] = (vfl){0};
-                    for (int64_t u = 0; u < n; u++) {
-                        const float p = pg[u];
-                        if (p == 0.0f) continue;
-                        const vfl pv = splat(p);
-                        const act *vu = V + u * d + j0;
-                        for (int i = 0; i < DV / VL; i++) a[i] += pv * ldv(vu + VL * i);
-                    }
+                    for (int r = 0; r < 3; r++)
+                        for (int64_t u = run_lo[r]; u < run_hi[r]; u++) {
+                            const float p = pg[u];
+                            if (p == 0.0f) continue;
+                            const vfl pv = splat(p);
+                            const act *vu = vt[r] + u * d + j0;
+                            for (int i = 0; i < DV / VL; i++) a[i] += pv * ldv(vu + VL * i);
+                        }
                     const float *af = (const float *)a;
                     for (int64_t j = 0; j < DV; j++) o[j0 + j] = st(af[j]);
                 }
                 for (int64_t j = dv; j < d; j++) {
                     float a = 0.0f;
-                    for (int64_t u = 0; u < n; u++) {
-                        const float p = pg[u];
-                        if (p != 0.0f) a += p * ld(V[u * d + j]);
-                    }
+                    for (int r = 0; r < 3; r++)
+                        for (int64_t u = run_lo[r]; u < run_hi[r]; u++) {
+                            const float p = pg[u];
+                            if (p != 0.0f) a += p * ld(vt[r][u * d + j]);
+                        }
                     o[j] = st(a);
                 }
             }

@@ -129,7 +129,7 @@ class DecodeKernels:
         torch.get_num_threads()  # torch (and its libgomp.so.1) is loaded before the library
         lib = ctypes.CDLL(str(path))
         lib.cp_add_rms.argtypes = [_P, _P, _P, _P, _I, _I, _F]
-        lib.cp_rope_attend.argtypes = [_P] * 9 + [_I] * 6 + [_F]
+        lib.cp_rope_attend.argtypes = [_P] * 10 + [_I] * 6 + [_F]
         lib.cp_silu_mul.argtypes = [_P, _P, _I, _I]
         lib.cp_exp.argtypes = [_P, _P, _I]
         for fn in (lib.cp_add_rms, lib.cp_rope_attend, lib.cp_silu_mul, lib.cp_exp):
@@ -164,17 +164,21 @@ class DecodeKernels:
 
     def rope_attend(self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     pos: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                    bias: torch.Tensor, scratch: torch.Tensor, out: torch.Tensor,
-                    heads: tuple[int, int, int], t: int, scale: float) -> None:
+                    bias: torch.Tensor, reads: torch.Tensor, scratch: torch.Tensor,
+                    out: torch.Tensor, heads: tuple[int, int, int], t: int, scale: float
+                    ) -> None:
         """Attention of the new column t. qkv [B, (nh + 2 nkv) d] act; cos, sin [C, d]
         float32 (sin signed); pos [B] int64; keys [B, nkv, d, C], values [B, nkv, C, d]
-        act (column t written); bias [B, C] float32; scratch [B nkv (nh / nkv) C]
-        float32; out [B, nh d] act; heads = (nh, nkv, d)."""
+        act (column t written); bias [B, C] float32; reads [B, 5] int64 (`shared_reads`:
+        the columns each row reads from another row, which must hold the same keys and
+        values there); scratch [B nkv (nh / nkv) C] float32; out [B, nh d] act;
+        heads = (nh, nkv, d)."""
         nh, nkv, d = heads
         self._lib.cp_rope_attend(qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(),
                                  pos.data_ptr(), keys.data_ptr(), values.data_ptr(),
-                                 bias.data_ptr(), scratch.data_ptr(), out.data_ptr(),
-                                 qkv.shape[0], nh, nkv, d, values.shape[2], t, scale)
+                                 bias.data_ptr(), reads.data_ptr(), scratch.data_ptr(),
+                                 out.data_ptr(), qkv.shape[0], nh, nkv, d, values.shape[2], t,
+                                 scale)
 
     def silu_mul(self, gate_up: torch.Tensor, out: torch.Tensor) -> None:
         """out [B, I] = silu(gate) * up, gate_up [B, 2 I] act (gate columns first)."""

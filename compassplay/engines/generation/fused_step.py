@@ -3,7 +3,8 @@ bfloat16 or float32 decoder.
 
 Between a block's four matmuls (the decoder's own packed `_linear`), three C calls replace the
 ~30 torch ops of `StaticDecoder._forward`'s decode path: residual add + RMS norm, rotary
-embedding + KV write + attention, SiLU x up; the same roundings, another summation order.
+embedding + KV write + attention (cached columns that rows share read from one row,
+`shared_reads`), SiLU x up; the same roundings, another summation order.
 `resolve_kernels` decides whether a decoder uses them (`SamplingSection.decode_kernels`).
 """
 
@@ -15,6 +16,7 @@ import torch
 
 from compassplay.engines.generation import decode_kernels
 from compassplay.engines.generation.decode_kernels import DecodeKernels
+from compassplay.engines.generation.shared_reads import READS
 
 if TYPE_CHECKING:
     from compassplay.engines.generation.static_decoder import StaticDecoder
@@ -84,7 +86,7 @@ class FusedStep:
             if i == 0:  # the kernels read raw memory: every layout they assume, once a step
                 self.check_layout(qkv, bias)
             kern.rope_attend(qkv, dec._cos, dec._sin, pos, dec._k[i], dec._v[i], bias,
-                             scratch, att2, heads, t, dec.scale)
+                             dec._reads, scratch, att2, heads, t, dec.scale)
             kern.add_rms(x, dec._linear(att, b.wo), b.ln2, h2, dec.eps)
             kern.silu_mul(dec._linear(h, b.wgu), act2)
             delta = dec._linear(act, b.wd)
@@ -101,8 +103,11 @@ class FusedStep:
         want = {"keys": (dec._k, dec.dtype), "values": (dec._v, dec.dtype),
                 "qkv": (qkv, dec.dtype), "key mask": (bias, torch.float32),
                 "cos": (dec._cos, torch.float32), "sin": (dec._sin, torch.float32),
-                "pad": (dec._pad, torch.long)}
+                "pad": (dec._pad, torch.long), "reads": (dec._reads, torch.long)}
         for name, (ten, dtype) in want.items():
             if not ten.is_contiguous() or ten.dtype != dtype or ten.device.type != "cpu":
                 raise ValueError(f"decode_kernels: {name} must be a contiguous CPU {dtype} "
                                  f"tensor (got {ten.dtype}, strides {ten.stride()})")
+        if dec._reads.shape != (len(dec._pad), len(READS)):
+            raise ValueError(f"decode_kernels: reads must be [{len(dec._pad)}, {len(READS)}] "
+                             f"(got {tuple(dec._reads.shape)})")

@@ -38,6 +38,7 @@ from compassplay.engines.generation.decoder_support import pack_kind, unsupporte
 from compassplay.engines.generation.decoder_weights import Block, fused_weights
 from compassplay.engines.generation.fused_step import FusedStep, resolve_kernels
 from compassplay.engines.generation.prefix_plan import PrefixPlan, plan_prefix
+from compassplay.engines.generation.shared_reads import reads_after_keep, reads_after_start
 
 
 class StaticDecoder:
@@ -188,7 +189,8 @@ class StaticDecoder:
         """Prefill. ids: [B, T] long (left-padded), pad: [B] long (pad count per row),
         capacity: C >= T. Returns the last position's logits [B, V] float32. Equal rows (n
         samples of one prompt) are prefilled once and their cache copied; distinct rows that
-        share a long enough prefix prefill it once (`prefix_plan`, `_prefill_shared`)."""
+        share a long enough prefix prefill it once (`prefix_plan`, `_prefill_shared`). The
+        fused decode steps then read those columns from one row (`shared_reads`)."""
         bsz, width = ids.shape
         if capacity < width:
             raise ValueError(f"capacity {capacity} < prompt width {width}")
@@ -215,6 +217,8 @@ class StaticDecoder:
             if self._states is not None:
                 self._states = self._states[inverse]
         self._pad = pad
+        self._reads = reads_after_start(pad.tolist(), width, None if inverse is None
+                                        else inverse.tolist(), plan)
         self._t = width
         return logits
 
@@ -332,6 +336,7 @@ class StaticDecoder:
             self._v[:, j, :, :t] = v[:, r, :, :t]
         self._bias = self._bias.index_select(0, rows)
         self._pad = self._pad.index_select(0, rows)
+        self._reads = reads_after_keep(self._reads, rows.tolist())
         if self._states is not None:
             self._states = self._states.index_select(0, rows)
 
