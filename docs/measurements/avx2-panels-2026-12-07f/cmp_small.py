@@ -13,10 +13,10 @@ import ctypes
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from bench_pan import fastest  # this folder's timing helper
 
 NEW = Path(__file__).parents[3] / "compassplay/engines/generation/decode_kernels.c"
 HIDDEN, QKV, INNER = 576, 960, 1536
@@ -30,17 +30,6 @@ def build(cc: str, src: str, out: Path) -> ctypes.CDLL:
     lib = ctypes.CDLL(str(out))
     lib.cp_small_linear.argtypes = [P, P, P, P, I64, I64, I64]
     return lib
-
-
-def fastest(fn, reps: int = 7) -> float:
-    """Milliseconds of the fastest of `reps` calls after one warm-up."""
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best * 1e3
 
 
 def main(cc: str, old_src: str, rows_list: list[int]) -> None:
