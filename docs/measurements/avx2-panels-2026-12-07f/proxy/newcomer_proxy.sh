@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # make run under the AVX2 proxy with an empty HOME and XDG cache (venv kept), lines stamped
 set -uo pipefail
-. /tmp/zen3/env.sh
-log="$1"; dir=/tmp/zen3/home_cache
+. "$(dirname "$0")/env.sh"
+log="$1"; dir=$(mktemp -d)
 rm -rf "$dir"; mkdir -p "$dir/home" "$dir/cache"
 export HOME="$dir/home" XDG_CACHE_HOME="$dir/cache"
 start=$(date +%s)
