@@ -141,18 +141,17 @@ class DecodeKernels:
         # float32 library and in a bfloat16 one built for AVX512-BF16, none otherwise
         lib.cp_small_rows.argtypes, lib.cp_small_rows.restype = [], _I
         self.small_rows = int(lib.cp_small_rows())
+        # and the weight layout it reads: 16-row blocks of column pairs (bfloat16), or panels
+        # of `panel_rows` rows (float32: 16, or 32 where the compiler targets AVX512)
+        self._pack, self.panel_rows = None, 16
         if self.small_rows:
             lib.cp_small_linear.argtypes = [_P, _P, _P, _P, _I, _I, _I]
             lib.cp_small_linear.restype = None
-        # the weight layout it reads: 16-row blocks of column pairs (bfloat16), or panels of
-        # `panel_rows` rows (float32: 16, or 32 where the compiler targets AVX512)
-        self._pack, self.panel_rows = None, 16
-        if self.small_rows:
             self._pack = lib.cp_pack_pairs if dtype == torch.bfloat16 else lib.cp_pack_panels
             self._pack.argtypes, self._pack.restype = [_P, _P, _I, _I], None
-        if self.small_rows and dtype == torch.float32:
-            lib.cp_panel_rows.argtypes, lib.cp_panel_rows.restype = [], _I
-            self.panel_rows = int(lib.cp_panel_rows())
+            if dtype == torch.float32:
+                lib.cp_panel_rows.argtypes, lib.cp_panel_rows.restype = [], _I
+                self.panel_rows = int(lib.cp_panel_rows())
         self.path = path
         self.dtype = dtype
         self._lib = lib

@@ -60,9 +60,9 @@ def reads_after_keep(reads: torch.Tensor, rows: list[int]) -> torch.Tensor:
     source was kept reads from its new index, one whose source was dropped reads its own
     cache (it holds the same columns)."""
     new_index = {old: new for new, old in enumerate(rows)}
-    out = []
+    table, out = reads.tolist(), []
     for new, old in enumerate(rows):
-        first, src, lo, hi, off = reads[old].tolist()
+        first, src, lo, hi, off = table[old]
         if src == old or src not in new_index:
             out.append([first, new, 0, 0, 0])
         else:

@@ -28,6 +28,18 @@ def fastest(fn, reps: int = 7) -> float:
     return best * 1e3
 
 
+def smollm2_weights() -> list[torch.Tensor]:
+    """Random float32 weights of SmolLM2-135M's shapes (seed 0): 30 blocks' q/k/v, o,
+    gate/up and down, then the head."""
+    torch.manual_seed(0)
+    ws = []
+    for _ in range(30):
+        ws += [torch.randn(n, k) * .05 for n, k in ((QKV, HIDDEN), (HIDDEN, HIDDEN),
+                                                     (2 * INNER, HIDDEN), (HIDDEN, INNER))]
+    ws.append(torch.randn(49152, HIDDEN) * .05)
+    return ws
+
+
 def main(path: str, names: list[str], rows_list: list[int]) -> None:
     torch.set_num_threads(2)
     lib = ctypes.CDLL(path)
@@ -36,12 +48,7 @@ def main(path: str, names: list[str], rows_list: list[int]) -> None:
     for name in names:
         fns[name] = getattr(lib, name)
         fns[name].argtypes = [P, P, P, I64, I64, I64]
-    torch.manual_seed(0)
-    ws = []
-    for _ in range(30):
-        ws += [torch.randn(n, k) * .05 for n, k in ((QKV, HIDDEN), (HIDDEN, HIDDEN),
-                                                     (2 * INNER, HIDDEN), (HIDDEN, INNER))]
-    ws.append(torch.randn(49152, HIDDEN) * .05)
+    ws = smollm2_weights()
     packs = []
     for w in ws:
         p = torch.empty_like(w)

@@ -16,10 +16,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from bench_pan import fastest  # this folder's timing helper
+from bench_pan import HIDDEN, INNER, fastest, smollm2_weights  # this folder's helpers
 
 NEW = Path(__file__).parents[3] / "compassplay/engines/generation/decode_kernels.c"
-HIDDEN, QKV, INNER = 576, 960, 1536
 P, I64 = ctypes.c_void_p, ctypes.c_int64
 
 
@@ -39,12 +38,7 @@ def main(cc: str, old_src: str, rows_list: list[int]) -> None:
     new.cp_pack_panels.argtypes = [P, P, I64, I64]
     new.cp_panel_rows.restype = I64
     print("panel rows", new.cp_panel_rows())
-    torch.manual_seed(0)
-    ws = []
-    for _ in range(30):
-        ws += [torch.randn(n, k) * .05 for n, k in ((QKV, HIDDEN), (HIDDEN, HIDDEN),
-                                                     (2 * INNER, HIDDEN), (HIDDEN, INNER))]
-    ws.append(torch.randn(49152, HIDDEN) * .05)
+    ws = smollm2_weights()
     packs = []
     for w in ws:
         p = torch.empty_like(w)
